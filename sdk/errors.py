@@ -1,0 +1,87 @@
+"""One error type and one table of error codes, shared by every Heron server and the SDK.
+
+Every error on the wire is ``{"error": {"code": "...", "message": "..."}}`` with the HTTP
+status this table gives for its code.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    MALFORMED_BODY = "MALFORMED_BODY"
+    UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
+    INVALID_FIELD = "INVALID_FIELD"
+    UNSUPPORTED_OUTPUT = "UNSUPPORTED_OUTPUT"
+    UNSUPPORTED_TASK = "UNSUPPORTED_TASK"
+    INPUT_TOO_LONG = "INPUT_TOO_LONG"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    TOO_MANY_ITEMS = "TOO_MANY_ITEMS"
+    MODEL_NOT_FOUND = "MODEL_NOT_FOUND"
+    NOT_FOUND = "NOT_FOUND"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    QUEUE_FULL = "QUEUE_FULL"
+    MODEL_LOADING = "MODEL_LOADING"
+    NOT_READY = "NOT_READY"
+    MODEL_LOAD_FAILED = "MODEL_LOAD_FAILED"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    INTERNAL = "INTERNAL"
+
+
+STATUS_BY_CODE: dict[ErrorCode, int] = {
+    ErrorCode.MALFORMED_BODY: 400,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
+    ErrorCode.INVALID_FIELD: 422,
+    ErrorCode.UNSUPPORTED_OUTPUT: 422,
+    ErrorCode.UNSUPPORTED_TASK: 422,
+    ErrorCode.INPUT_TOO_LONG: 422,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.TOO_MANY_ITEMS: 413,
+    ErrorCode.MODEL_NOT_FOUND: 404,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.QUEUE_FULL: 429,
+    ErrorCode.MODEL_LOADING: 503,
+    ErrorCode.NOT_READY: 503,
+    ErrorCode.MODEL_LOAD_FAILED: 502,
+    ErrorCode.DEADLINE_EXCEEDED: 504,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+class HeronError(Exception):
+    """An error with a machine-readable code; servers map it to its HTTP status."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        field: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = ErrorCode(code)
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+    @property
+    def status(self) -> int:
+        return STATUS_BY_CODE[self.code]
+
+    def to_body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code.value, "message": self.message}
+        if self.field is not None:
+            error["field"] = self.field
+        return {"error": error}
+
+    def __repr__(self) -> str:
+        return f"HeronError({self.code.value}, {self.message!r})"
+
+
+def invalid_field(field: str, reason: str) -> HeronError:
+    """422 naming the offending field, e.g. ``items[3].text: must be a string``."""
+    return HeronError(ErrorCode.INVALID_FIELD, f"{field}: {reason}", field=field)

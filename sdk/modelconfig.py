@@ -1,0 +1,277 @@
+"""Model config and bundle schema: one module, read by the worker (and later the config
+service), so a config is valid in one place or in none.
+
+A bad config fails at load with the file, the field and the reason::
+
+    bundles/models/x.yaml: profiles.default.max_batch_tokens: must be a positive integer
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ADAPTERS = ("dense", "sparse", "multi_vector", "cross_encoder", "token_classifier")
+POOLINGS = ("mean", "cls", "last")
+PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+ACTIVATIONS = ("sigmoid", "softmax", "none")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    def __init__(self, source: str, field_name: str, reason: str) -> None:
+        super().__init__(f"{source}: {field_name}: {reason}")
+        self.source = source
+        self.field = field_name
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSource:
+    """Where weights come from: exactly one of package, path or hub."""
+
+    package: str | None = None  # a Python package that ships the weights ...
+    subdir: str = ""  # ... in this folder of it
+    path: str | None = None  # a local directory
+    hub: str | None = None  # a Hugging Face Hub repo id
+    revision: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    max_batch_tokens: int = 16384
+    max_batch_items: int = 128
+    max_wait_ms: float = 2.0
+    max_sequence_length: int | None = None  # None: the model's own limit
+    precision: str = "auto"  # auto: fp16 on CUDA, fp32 on CPU
+    device: str = "auto"
+    pooling: str = "mean"
+    normalize: bool = True
+    query_instruction: str = ""
+    document_instruction: str = ""
+    activation: str = "sigmoid"  # cross-encoder score activation
+    max_queue_items: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    id: str
+    adapter: str
+    source: WeightSource
+    profiles: Mapping[str, Profile]
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+
+    @property
+    def profile(self) -> Profile:
+        return self.profiles["default"]
+
+    def canonical(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["profiles"] = {k: asdict(v) for k, v in sorted(self.profiles.items())}
+        data["aliases"] = list(self.aliases)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    name: str
+    models: tuple[ModelConfig, ...]
+    adapters: tuple[str, ...] = ADAPTERS
+    description: str = ""
+    preload: tuple[str, ...] | None = None  # None: load every model at start
+    source: str = ""
+
+    @property
+    def config_hash(self) -> str:
+        return bundle_config_hash(self.models)
+
+
+def bundle_config_hash(models: tuple[ModelConfig, ...] | list[ModelConfig]) -> str:
+    """SHA-256 of canonical JSON of the models' configs (sorted by id)."""
+    canonical = [m.canonical() for m in sorted(models, key=lambda m: m.id)]
+    blob = json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def default_bundles_dir() -> Path:
+    env = os.environ.get("HERON_BUNDLES_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "bundles"
+
+
+# ---- parsing -------------------------------------------------------------------------
+
+_PROFILE_FIELDS: dict[str, tuple[type | tuple[type, ...], Any]] = {
+    "max_batch_tokens": (int, "positive"),
+    "max_batch_items": (int, "positive"),
+    "max_wait_ms": ((int, float), "non-negative"),
+    "max_sequence_length": (int, "positive"),
+    "precision": (str, PRECISIONS),
+    "device": (str, DEVICES),
+    "pooling": (str, POOLINGS),
+    "normalize": (bool, None),
+    "query_instruction": (str, None),
+    "document_instruction": (str, None),
+    "activation": (str, ACTIVATIONS),
+    "max_queue_items": (int, "positive"),
+}
+
+
+def parse_profile(data: Any, src: str, where: str) -> Profile:
+    if not isinstance(data, Mapping):
+        raise ConfigError(src, where, "must be a mapping")
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{where}.{key}"
+        if key not in _PROFILE_FIELDS:
+            raise ConfigError(src, name, f"unknown field; known: {sorted(_PROFILE_FIELDS)}")
+        kind, rule = _PROFILE_FIELDS[key]
+        if value is None and key == "max_sequence_length":
+            continue
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            raise ConfigError(src, name, f"must be of type {_type_name(kind)}, got {value!r}")
+        if rule == "positive" and value <= 0:
+            raise ConfigError(src, name, "must be a positive integer")
+        if rule == "non-negative" and value < 0:
+            raise ConfigError(src, name, "must be >= 0")
+        if isinstance(rule, tuple) and value not in rule:
+            raise ConfigError(src, name, f"must be one of {list(rule)}, got {value!r}")
+        values[key] = float(value) if key == "max_wait_ms" else value
+    return Profile(**values)
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return "|".join(k.__name__ for k in kinds)
+
+
+def parse_source(data: Any, src: str) -> WeightSource:
+    if not isinstance(data, Mapping):
+        raise ConfigError(src, "source", "must be a mapping with one of package, path, hub")
+    known = {"package", "subdir", "path", "hub", "revision"}
+    for key, value in data.items():
+        if key not in known:
+            raise ConfigError(src, f"source.{key}", f"unknown field; known: {sorted(known)}")
+        if not isinstance(value, str) or (not value and key != "subdir"):
+            raise ConfigError(src, f"source.{key}", "must be a non-empty string")
+    kinds = [k for k in ("package", "path", "hub") if k in data]
+    if len(kinds) != 1:
+        raise ConfigError(src, "source", "needs exactly one of package, path, hub")
+    return WeightSource(**data)
+
+
+def parse_model_config(data: Any, src: str = "<model config>") -> ModelConfig:
+    if not isinstance(data, Mapping):
+        raise ConfigError(src, "(root)", "must be a mapping")
+    known = {"id", "adapter", "source", "profiles", "aliases", "description"}
+    for key in data:
+        if key not in known:
+            raise ConfigError(src, str(key), f"unknown field; known: {sorted(known)}")
+    model_id = data.get("id")
+    if not isinstance(model_id, str) or not model_id.strip():
+        raise ConfigError(src, "id", "is required and must be a non-empty string")
+    adapter = data.get("adapter")
+    if adapter not in ADAPTERS:
+        raise ConfigError(src, "adapter", f"must be one of {list(ADAPTERS)}, got {adapter!r}")
+    if "source" not in data:
+        raise ConfigError(src, "source", "is required")
+    profiles_raw = data.get("profiles") or {"default": {}}
+    if not isinstance(profiles_raw, Mapping):
+        raise ConfigError(src, "profiles", "must be a mapping of profile name to settings")
+    if "default" not in profiles_raw:
+        raise ConfigError(src, "profiles", "must contain a 'default' profile")
+    profiles = {str(name): parse_profile(p or {}, src, f"profiles.{name}")
+                for name, p in profiles_raw.items()}
+    aliases = data.get("aliases") or []
+    if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
+        raise ConfigError(src, "aliases", "must be a list of non-empty strings")
+    description = data.get("description") or ""
+    if not isinstance(description, str):
+        raise ConfigError(src, "description", "must be a string")
+    return ModelConfig(id=model_id, adapter=adapter, source=parse_source(data["source"], src),
+                       profiles=profiles, aliases=tuple(aliases), description=description)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(str(path), "(file)", f"cannot be read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), "(file)", f"is not valid YAML: {exc}") from exc
+
+
+def load_model_config(path: Path) -> ModelConfig:
+    return parse_model_config(_read_yaml(path), str(path))
+
+
+def load_bundle(name_or_path: str | Path, bundles_dir: Path | None = None) -> Bundle:
+    """Load ``bundles/<name>.yaml`` (or a path) and the model configs it names."""
+    bundles_dir = bundles_dir or default_bundles_dir()
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = bundles_dir / f"{name_or_path}.yaml"
+    src = str(path)
+    data = _read_yaml(path)
+    if not isinstance(data, Mapping):
+        raise ConfigError(src, "(root)", "must be a mapping")
+    known = {"name", "description", "adapters", "models", "preload"}
+    for key in data:
+        if key not in known:
+            raise ConfigError(src, str(key), f"unknown field; known: {sorted(known)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(src, "name", "is required and must be a non-empty string")
+    adapters = data.get("adapters") or list(ADAPTERS)
+    if not isinstance(adapters, list):
+        raise ConfigError(src, "adapters", "must be a list")
+    for i, a in enumerate(adapters):
+        if a not in ADAPTERS:
+            raise ConfigError(src, f"adapters[{i}]", f"must be one of {list(ADAPTERS)}")
+    entries = data.get("models")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(src, "models", "must be a non-empty list of model config files")
+    models: list[ModelConfig] = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, str):
+            raise ConfigError(src, f"models[{i}]", "must be a file name under models/")
+        model_path = path.parent / "models" / entry
+        if not model_path.exists():
+            raise ConfigError(src, f"models[{i}]", f"file {model_path} does not exist")
+        model = load_model_config(model_path)
+        if model.adapter not in adapters:
+            raise ConfigError(src, f"models[{i}]",
+                              f"model {model.id} uses adapter {model.adapter!r}, "
+                              f"which the bundle does not list")
+        models.append(model)
+    names = [n for m in models for n in (m.id, *m.aliases)]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(src, "models", f"model ids/aliases appear twice: {dupes}")
+    preload = data.get("preload")
+    if preload is not None and (not isinstance(preload, list) or
+                                not all(p in names for p in preload)):
+        raise ConfigError(src, "preload", "must be a list of model ids the bundle serves")
+    return Bundle(name=name, models=tuple(models), adapters=tuple(adapters),
+                  description=str(data.get("description") or ""),
+                  preload=None if preload is None else tuple(preload), source=src)
+
+
+def model_config_from_dir(model_id: str, adapter: str, path: str | Path,
+                          **profile: Any) -> ModelConfig:
+    """A config for a local model directory (used by ``heron serve --model-dir``, tests)."""
+    return parse_model_config({"id": model_id, "adapter": adapter,
+                               "source": {"path": str(path)},
+                               "profiles": {"default": profile}}, f"<{model_id}>")
+
+
+__all__ = ["ADAPTERS", "Bundle", "ConfigError", "ModelConfig", "Profile", "WeightSource",
+           "bundle_config_hash", "default_bundles_dir", "load_bundle", "load_model_config",
+           "model_config_from_dir", "parse_model_config"]

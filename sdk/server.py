@@ -1,0 +1,82 @@
+"""Server-side HTTP helpers shared by the worker and the gateway (Starlette).
+
+Content negotiation, the body size limit, and the one mapping from HeronError to an HTTP
+response, so every server answers errors the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sdk import wire
+from sdk.errors import ErrorCode, HeronError
+from sdk.types import MAX_BODY_BYTES
+
+log = logging.getLogger("heron.http")
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> tuple[Any, str]:
+    """Decode the request body (413 past ``limit``, 400 malformed, 415 unknown type)."""
+    fmt = wire.request_format(request.headers.get("content-type"))
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
+                         f"body of {declared} bytes is over the {limit}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
+                             f"body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return wire.decode(b"".join(chunks), fmt), fmt
+
+
+def respond(request: Request, body: Any, *, status: int = 200, request_fmt: str | None = None,
+            headers: dict[str, str] | None = None) -> Response:
+    """Encode ``body`` in the format the client accepts (msgpack or JSON)."""
+    fmt = wire.response_format(request.headers.get("accept"),
+                               request_fmt or wire.media_type(
+                                   request.headers.get("content-type")) or wire.JSON)
+    return Response(wire.encode(body, fmt), status_code=status, media_type=fmt,
+                    headers=headers)
+
+
+def error_response(request: Request, error: HeronError) -> Response:
+    headers = {}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
+    return respond(request, error.to_body(), status=error.status, headers=headers)
+
+
+async def heron_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HeronError)
+    return error_response(request, exc)
+
+
+async def http_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(
+        exc.status_code, ErrorCode.MALFORMED_BODY)
+    body = {"error": {"code": code.value, "message": str(exc.detail)}}
+    return respond(request, body, status=exc.status_code, request_fmt=wire.JSON)
+
+
+async def unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(request, HeronError(ErrorCode.INTERNAL,
+                                              f"internal error: {type(exc).__name__}"))
+
+
+EXCEPTION_HANDLERS = {
+    HeronError: heron_error_handler,
+    HTTPException: http_error_handler,
+    Exception: unexpected_error_handler,
+}

@@ -1,0 +1,270 @@
+"""Request and result types of the inference API, with their wire forms.
+
+Servers parse request bodies with ``*.from_wire`` (every violation is a 422 naming the
+field); the SDK builds them and calls ``to_wire``. Results are plain dicts on the wire:
+arrays stay numpy arrays under msgpack, become lists under JSON, or base64 envelopes
+``{"b64", "dtype", "shape"}`` when the request asks for ``encoding: "base64"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sdk.errors import ErrorCode, HeronError, invalid_field
+from sdk.wire import array_to_base64
+
+TASKS = ("encode", "score", "extract")
+OUTPUT_TYPES = ("dense", "sparse", "multi_vector")
+OUTPUT_DTYPES = ("float32", "float16", "int8", "uint8", "binary")
+ENCODINGS = ("float", "base64")
+
+# Documented limits (docs/api.md). Bigger inputs are split by the SDK.
+MAX_ITEMS_PER_REQUEST = 2048
+MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_TEXT_CHARS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    text: str
+    id: str | None = None
+
+    def to_wire(self) -> dict[str, Any] | str:
+        return self.text if self.id is None else {"text": self.text, "id": self.id}
+
+
+def _parse_items(body: Mapping[str, Any], name: str = "items") -> list[Item]:
+    raw = body.get(name)
+    if raw is None:
+        raise invalid_field(name, "is required")
+    if isinstance(raw, str | Mapping) or not isinstance(raw, list):
+        raise invalid_field(name, "must be a list of strings or {text, id} objects")
+    if not raw:
+        raise invalid_field(name, "must not be empty")
+    if len(raw) > MAX_ITEMS_PER_REQUEST:
+        raise HeronError(
+            ErrorCode.TOO_MANY_ITEMS,
+            f"{name}: {len(raw)} items is over the limit of {MAX_ITEMS_PER_REQUEST} per request;"
+            " split the request (the SDK does this for you)",
+            field=name,
+        )
+    items: list[Item] = []
+    for i, entry in enumerate(raw):
+        if isinstance(entry, str):
+            items.append(Item(_check_text(entry, f"{name}[{i}]")))
+        elif isinstance(entry, Mapping):
+            text = entry.get("text")
+            if not isinstance(text, str):
+                raise invalid_field(f"{name}[{i}].text", "is required and must be a string")
+            item_id = entry.get("id")
+            if item_id is not None and not isinstance(item_id, str | int):
+                raise invalid_field(f"{name}[{i}].id", "must be a string or an integer")
+            items.append(Item(_check_text(text, f"{name}[{i}].text"),
+                              None if item_id is None else str(item_id)))
+        else:
+            raise invalid_field(f"{name}[{i}]", "must be a string or a {text, id} object")
+    return items
+
+
+def _check_text(text: str, name: str) -> str:
+    if len(text) > MAX_TEXT_CHARS:
+        raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
+                         f"{name}: text of {len(text)} characters is over {MAX_TEXT_CHARS}",
+                         field=name)
+    return text
+
+
+def _opt(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    # bool is an int subclass; never accept it where a number is meant.
+    if isinstance(value, bool) and kind is not bool:
+        raise invalid_field(name, f"must be {_kind_name(kind)}")
+    if not isinstance(value, kind):
+        raise invalid_field(name, f"must be {_kind_name(kind)}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "a list"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+@dataclass(slots=True)
+class RequestOptions:
+    """Options every inference request carries."""
+
+    truncate: bool = True
+    priority: int = 0
+    timeout_s: float | None = None
+    encoding: str = "float"
+
+    @classmethod
+    def from_wire(cls, body: Mapping[str, Any]) -> RequestOptions:
+        priority = _opt(body, "priority", int, 0)
+        if priority < 0:
+            raise invalid_field("priority", "must be >= 0 (0 is the highest)")
+        timeout_s = _opt(body, "timeout_s", (int, float), None)
+        if timeout_s is not None and timeout_s <= 0:
+            raise invalid_field("timeout_s", "must be > 0")
+        encoding = _opt(body, "encoding", str, "float")
+        if encoding not in ENCODINGS:
+            raise invalid_field("encoding", f"must be one of {list(ENCODINGS)}")
+        return cls(truncate=_opt(body, "truncate", bool, True), priority=priority,
+                   timeout_s=None if timeout_s is None else float(timeout_s), encoding=encoding)
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"truncate": self.truncate, "priority": self.priority,
+                               "encoding": self.encoding}
+        if self.timeout_s is not None:
+            out["timeout_s"] = self.timeout_s
+        return out
+
+
+@dataclass(slots=True)
+class EncodeRequest:
+    items: list[Item]
+    output_types: tuple[str, ...] = ("dense",)
+    output_dtype: str = "float32"
+    dims: int | None = None
+    is_query: bool = False
+    instruction: str | None = None
+    options: RequestOptions = field(default_factory=RequestOptions)
+
+    @classmethod
+    def from_wire(cls, body: Any) -> EncodeRequest:
+        body = _require_object(body)
+        output_types = _opt(body, "output_types", list, ["dense"])
+        if not output_types:
+            raise invalid_field("output_types", "must not be empty")
+        for t in output_types:
+            if t not in OUTPUT_TYPES:
+                raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
+                                 f"output_types: unknown output type {t!r}; "
+                                 f"known: {list(OUTPUT_TYPES)}", field="output_types")
+        output_dtype = _opt(body, "output_dtype", str, "float32")
+        if output_dtype not in OUTPUT_DTYPES:
+            raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
+                             f"output_dtype: {output_dtype!r} is not one of "
+                             f"{list(OUTPUT_DTYPES)}", field="output_dtype")
+        dims = _opt(body, "dims", int, None)
+        if dims is not None and dims <= 0:
+            raise invalid_field("dims", "must be a positive integer")
+        return cls(
+            items=_parse_items(body),
+            output_types=tuple(dict.fromkeys(output_types)),
+            output_dtype=output_dtype,
+            dims=dims,
+            is_query=_opt(body, "is_query", bool, False),
+            instruction=_opt(body, "instruction", str, None),
+            options=RequestOptions.from_wire(body),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"items": [i.to_wire() for i in self.items],
+                               "output_types": list(self.output_types),
+                               "output_dtype": self.output_dtype, "is_query": self.is_query,
+                               **self.options.to_wire()}
+        if self.dims is not None:
+            out["dims"] = self.dims
+        if self.instruction is not None:
+            out["instruction"] = self.instruction
+        return out
+
+
+@dataclass(slots=True)
+class ScoreRequest:
+    query: str
+    items: list[Item]
+    top_k: int | None = None
+    options: RequestOptions = field(default_factory=RequestOptions)
+
+    @classmethod
+    def from_wire(cls, body: Any) -> ScoreRequest:
+        body = _require_object(body)
+        query = body.get("query")
+        if not isinstance(query, str):
+            raise invalid_field("query", "is required and must be a string")
+        top_k = _opt(body, "top_k", int, None)
+        if top_k is not None and top_k <= 0:
+            raise invalid_field("top_k", "must be a positive integer")
+        return cls(query=_check_text(query, "query"), items=_parse_items(body), top_k=top_k,
+                   options=RequestOptions.from_wire(body))
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"query": self.query, "items": [i.to_wire() for i in self.items],
+                               **self.options.to_wire()}
+        if self.top_k is not None:
+            out["top_k"] = self.top_k
+        return out
+
+
+@dataclass(slots=True)
+class ExtractRequest:
+    items: list[Item]
+    labels: list[str] | None = None
+    threshold: float = 0.0
+    options: RequestOptions = field(default_factory=RequestOptions)
+
+    @classmethod
+    def from_wire(cls, body: Any) -> ExtractRequest:
+        body = _require_object(body)
+        labels = _opt(body, "labels", list, None)
+        if labels is not None and not all(isinstance(x, str) and x for x in labels):
+            raise invalid_field("labels", "must be a list of non-empty strings")
+        threshold = _opt(body, "threshold", (int, float), 0.0)
+        if not 0.0 <= threshold <= 1.0:
+            raise invalid_field("threshold", "must be between 0 and 1")
+        return cls(items=_parse_items(body), labels=labels, threshold=float(threshold),
+                   options=RequestOptions.from_wire(body))
+
+    def to_wire(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"items": [i.to_wire() for i in self.items],
+                               "threshold": self.threshold, **self.options.to_wire()}
+        if self.labels is not None:
+            out["labels"] = self.labels
+        return out
+
+
+def _require_object(body: Any) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping):
+        raise HeronError(ErrorCode.MALFORMED_BODY, "body must be an object")
+    return body
+
+
+def wire_array(array: np.ndarray, encoding: str) -> Any:
+    """An array as it goes on the wire: itself (msgpack/JSON lists) or a base64 envelope."""
+    if encoding == "base64":
+        return {"b64": array_to_base64(array), "dtype": array.dtype.name,
+                "shape": list(array.shape)}
+    return array
+
+
+@dataclass(slots=True)
+class SparseVector:
+    indices: np.ndarray  # int32, ascending
+    values: np.ndarray  # float32, aligned with indices
+
+    def to_wire(self, encoding: str) -> dict[str, Any]:
+        return {"indices": wire_array(self.indices, encoding),
+                "values": wire_array(self.values, encoding)}
+
+
+@dataclass(slots=True)
+class Entity:
+    label: str
+    text: str
+    start: int
+    end: int
+    score: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"label": self.label, "text": self.text, "start": self.start, "end": self.end,
+                "score": self.score}

@@ -1,0 +1,104 @@
+"""Wire codec: msgpack (numpy arrays through msgpack-numpy) and JSON.
+
+The request's Content-Type picks the decoder; Accept picks the encoder (falling back to
+the request's format). Imported by the worker, the gateway and the SDK alike.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import msgpack
+import msgpack_numpy
+import numpy as np
+
+from sdk.errors import ErrorCode, HeronError
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+_MSGPACK_ALIASES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+
+
+def media_type(header: str | None) -> str | None:
+    """Normalise a Content-Type/Accept value to MSGPACK, JSON, or None (unknown/absent)."""
+    if not header:
+        return None
+    for part in header.split(","):
+        value = part.split(";")[0].strip().lower()
+        if value in _MSGPACK_ALIASES:
+            return MSGPACK
+        if value in (JSON, "*/*", "application/*", "text/json") or value.endswith("+json"):
+            return JSON
+    return None
+
+
+def request_format(content_type: str | None) -> str:
+    """Decoder for a request body. No Content-Type, or curl's default form type for ``-d``,
+    means JSON: that is what a person typing curl meant."""
+    if not content_type or content_type.startswith("application/x-www-form-urlencoded"):
+        return JSON
+    fmt = media_type(content_type)
+    if fmt is None:
+        raise HeronError(
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            f"Content-Type {content_type!r} is not supported; use {JSON} or {MSGPACK}",
+        )
+    return fmt
+
+
+def response_format(accept: str | None, request_fmt: str = JSON) -> str:
+    """Encoder for a response: msgpack only when asked for (Accept) or spoken (request)."""
+    if accept:
+        for part in accept.split(","):
+            value = part.split(";")[0].strip().lower()
+            if value in _MSGPACK_ALIASES:
+                return MSGPACK
+            if value == JSON or value.endswith("+json"):
+                return JSON
+    return request_fmt
+
+
+def decode(body: bytes, fmt: str) -> Any:
+    if not body:
+        raise HeronError(ErrorCode.MALFORMED_BODY, "request body is empty")
+    try:
+        if fmt == MSGPACK:
+            return msgpack.unpackb(body, object_hook=msgpack_numpy.decode, raw=False,
+                                   strict_map_key=False)
+        return json.loads(body)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
+            TypeError, UnicodeDecodeError) as exc:
+        kind = "msgpack" if fmt == MSGPACK else "JSON"
+        raise HeronError(ErrorCode.MALFORMED_BODY, f"body is not valid {kind}: {exc}") from exc
+
+
+def encode(obj: Any, fmt: str) -> bytes:
+    if fmt == MSGPACK:
+        return msgpack.packb(obj, default=msgpack_numpy.encode, use_bin_type=True)
+    return json.dumps(to_jsonable(obj), separators=(",", ":"), allow_nan=False).encode()
+
+
+def to_jsonable(obj: Any) -> Any:
+    """numpy arrays become (nested) lists; numpy scalars become Python numbers."""
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, dict):
+        return {k: to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def array_to_base64(array: np.ndarray) -> str:
+    """Little-endian raw bytes, base64: the OpenAI encoding for float32 embeddings."""
+    return base64.b64encode(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"),
+                                                               copy=False).tobytes()).decode()
+
+
+def base64_to_array(text: str, dtype: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    array = np.frombuffer(base64.b64decode(text), dtype=np.dtype(dtype).newbyteorder("<"))
+    return array.reshape(shape) if shape else array

@@ -1,0 +1,69 @@
+"""Session fixtures: one tiny-model set, one `heron serve` child with MiniLM and friends."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.servers import REPO, ServerProcess, start_serve
+from tests.tiny_models import build_tiny_models
+
+# name -> (adapter, profile overrides)
+TINY_CONFIGS = {
+    "tiny-multi-vector": ("multi_vector", {}),
+    "tiny-cross-encoder": ("cross_encoder", {}),
+    "tiny-ner": ("token_classifier", {}),
+    "tiny-sparse": ("sparse", {}),
+    "tiny-dense-cls": ("dense", {"pooling": "cls", "query_instruction": "query: ",
+                                 "document_instruction": "passage: "}),
+    "tiny-sentencepiece": ("dense", {"pooling": "mean"}),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture(scope="session")
+def test_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Path:
+    """bundles/default.yaml's models, splade-tiny, and every tiny model, in one bundle."""
+    root = tmp_path_factory.mktemp("bundles")
+    (root / "models").mkdir()
+    names = []
+    for src in ("all-minilm-l6-v2.yaml", "splade-tiny.yaml"):
+        shutil.copy(REPO / "bundles" / "models" / src, root / "models" / src)
+        names.append(src)
+    for name, (adapter, profile) in TINY_CONFIGS.items():
+        config = {"id": f"test/{name}", "aliases": [name], "adapter": adapter,
+                  "source": {"path": str(tiny_models[name])},
+                  "profiles": {"default": {"max_sequence_length": 64, **profile}}}
+        (root / "models" / f"{name}.yaml").write_text(yaml.safe_dump(config))
+        names.append(f"{name}.yaml")
+    bundle = {"name": "test", "models": names}
+    (root / "test.yaml").write_text(yaml.safe_dump(bundle))
+    return root / "test.yaml"
+
+
+@pytest.fixture(scope="session")
+def server(test_bundle: Path, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[ServerProcess]:
+    proc = start_serve(test_bundle, tmp_path_factory.mktemp("logs"))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def base_url(server: ServerProcess) -> str:
+    return server.url
+
+
+@pytest.fixture()
+def http(base_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base_url, timeout=60) as client:
+        yield client

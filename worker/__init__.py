@@ -1,0 +1,1 @@
+"""Heron worker: model registry, token-budget batcher, adapters and the HTTP API."""

@@ -1,0 +1,32 @@
+"""Cross-encoder reranking: (query, document) pairs through a sequence classifier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from worker.adapters.base import Adapter, Batch
+
+
+class CrossEncoderAdapter(Adapter):
+    name = "cross_encoder"
+    task = "score"
+
+    def load_model(self, path: Path) -> torch.nn.Module:
+        return AutoModelForSequenceClassification.from_pretrained(str(path))
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        logits = self.model(**batch.model_inputs()).logits.float()
+        activation = self.profile.activation
+        if logits.shape[-1] == 1:
+            scores = logits[:, 0]
+            return torch.sigmoid(scores) if activation == "sigmoid" else scores
+        # Several labels: the last one is "relevant" (the usual 2-label convention).
+        if activation == "none":
+            return logits[:, -1]
+        return torch.softmax(logits, dim=-1)[:, -1]
+
+    def postprocess(self, batch: Batch, output: torch.Tensor) -> list[float]:
+        return [float(x) for x in output.cpu().tolist()]

@@ -1,0 +1,181 @@
+"""The worker's HTTP API (Starlette): the single-node inference server.
+
+Routes are thin: parse the body into an sdk request type, call the InferenceService,
+encode the answer in the client's format, record metrics. Errors are HeronErrors and go
+through the one handler in sdk.server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from sdk.errors import HeronError
+from sdk.modelconfig import Bundle, ModelConfig
+from sdk.server import EXCEPTION_HANDLERS, read_body, respond
+from sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
+from worker.metrics import WorkerMetrics
+from worker.openai_compat import embeddings_response, parse_embeddings_request
+from worker.registry import LoadState, ModelEntry, ModelRegistry
+from worker.service import InferenceService, Outcome
+
+log = logging.getLogger("heron.worker")
+
+
+class WorkerApp:
+    def __init__(self, bundle: Bundle, *, device: str | None = None,
+                 extra_models: list[ModelConfig] | None = None) -> None:
+        self.metrics = WorkerMetrics()
+        self.registry = ModelRegistry(bundle, device=device, extra_models=extra_models,
+                                      on_batch=self.metrics.observe_batch)
+        self.service = InferenceService(self.registry)
+        self._load_task: asyncio.Task | None = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        # Load in the background: /healthz answers at once, /readyz once models are warm.
+        self._load_task = asyncio.get_running_loop().create_task(self.registry.load_all())
+        try:
+            yield
+        finally:
+            self._load_task.cancel()
+            await self.registry.close()
+
+    # ---- inference routes ------------------------------------------------------------------
+    async def _inference(self, request: Request, route: str,
+                         call: Callable[[str, Any], Awaitable[Outcome]],
+                         parse: Callable[[Any], Any]) -> Response:
+        model = request.path_params["model"]
+        started = time.monotonic()
+        status = 500
+        try:
+            body, fmt = await read_body(request)
+            outcome = await call(model, parse(body))
+            status = 200
+            return respond(request, outcome.body, request_fmt=fmt,
+                           headers=self._headers(request, outcome))
+        except HeronError as exc:
+            status = exc.status
+            raise
+        finally:
+            label = model if status not in (404,) else "_unknown"
+            self.metrics.requests.labels(route, label, str(status)).inc()
+            self.metrics.latency.labels(route, label).observe(time.monotonic() - started)
+
+    def _headers(self, request: Request, outcome: Outcome) -> dict[str, str]:
+        t = outcome.timings
+        for phase in ("tokenize", "queue", "inference"):
+            self.metrics.phase.labels(phase, outcome.model).observe(getattr(t, phase))
+        return {"Server-Timing": t.server_timing(),
+                "X-Request-Id": request.headers.get("x-request-id") or uuid.uuid4().hex}
+
+    async def encode(self, request: Request) -> Response:
+        return await self._inference(request, "encode", self.service.encode,
+                                     EncodeRequest.from_wire)
+
+    async def score(self, request: Request) -> Response:
+        return await self._inference(request, "score", self.service.score,
+                                     ScoreRequest.from_wire)
+
+    async def extract(self, request: Request) -> Response:
+        return await self._inference(request, "extract", self.service.extract,
+                                     ExtractRequest.from_wire)
+
+    async def embeddings(self, request: Request) -> Response:
+        started = time.monotonic()
+        status, model = 500, "_unknown"
+        try:
+            body, _ = await read_body(request)
+            model, texts, encoding, dims = parse_embeddings_request(body)
+            model_id, vectors, tokens, timings = await self.service.embed_texts(
+                model, texts, dims)
+            status = 200
+            headers = {"Server-Timing": timings.server_timing()}
+            # OpenAI clients speak JSON only, whatever they send in Accept.
+            return JSONResponse(embeddings_response(model_id, [v.tolist() if encoding ==
+                                                               "float" else v
+                                                               for v in vectors],
+                                                    tokens, encoding), headers=headers)
+        except HeronError as exc:
+            status = exc.status
+            raise
+        finally:
+            label = model if status != 404 else "_unknown"
+            self.metrics.requests.labels("embeddings", label, str(status)).inc()
+            self.metrics.latency.labels("embeddings", label).observe(time.monotonic() - started)
+
+    # ---- models and health -----------------------------------------------------------------
+    @staticmethod
+    def _describe(entry: ModelEntry) -> dict[str, Any]:
+        config = entry.config
+        out: dict[str, Any] = {"id": config.id, "object": "model", "owned_by": "heron",
+                               "adapter": config.adapter, "aliases": list(config.aliases),
+                               "state": entry.state.value}
+        if entry.runner is not None:
+            adapter = entry.runner.adapter
+            out.update(task=adapter.task, output_types=sorted(adapter.output_types),
+                       max_sequence_length=adapter.max_length, device=entry.device,
+                       dtype=entry.dtype)
+            if adapter.name in ("dense", "multi_vector"):
+                out["dimensions"] = adapter.hidden_size
+        if entry.error:
+            out["error"] = entry.error
+        return out
+
+    async def list_models(self, request: Request) -> Response:
+        data = [self._describe(e) for e in self.registry.entries()]
+        return respond(request, {"object": "list", "data": data})
+
+    async def get_model(self, request: Request) -> Response:
+        entry = self.registry.entry(request.path_params["model"])
+        return respond(request, self._describe(entry))
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        states = {e.config.id: e.state.value for e in self.registry.entries()}
+        ready = self.registry.ready
+        failed = any(e.state is LoadState.FAILED for e in self.registry.entries())
+        body = {"status": "ready" if ready else ("failed" if failed else "loading"),
+                "models": states}
+        return JSONResponse(body, status_code=200 if ready else 503,
+                            headers=None if ready else {"Retry-After": "2"})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        self.metrics.models_loaded.set(sum(e.state is LoadState.READY
+                                           for e in self.registry.entries()))
+        for e in self.registry.entries():
+            if e.runner is not None:
+                self.metrics.queue_depth.labels(e.config.id).set(len(e.runner.batcher))
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    def build(self) -> Starlette:
+        routes = [
+            Route("/v1/encode/{model:path}", self.encode, methods=["POST"]),
+            Route("/v1/score/{model:path}", self.score, methods=["POST"]),
+            Route("/v1/extract/{model:path}", self.extract, methods=["POST"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.get_model, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+        ]
+        return Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS,
+                         lifespan=self.lifespan)
+
+
+def create_app(bundle: Bundle, *, device: str | None = None,
+               extra_models: list[ModelConfig] | None = None) -> Starlette:
+    return WorkerApp(bundle, device=device, extra_models=extra_models).build()

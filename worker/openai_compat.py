@@ -1,0 +1,49 @@
+"""OpenAI-compatible ``POST /v1/embeddings`` on top of the InferenceService."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sdk.errors import ErrorCode, HeronError, invalid_field
+from sdk.types import MAX_ITEMS_PER_REQUEST
+from sdk.wire import array_to_base64
+
+
+def parse_embeddings_request(body: Any) -> tuple[str, list[str], str, int | None]:
+    """(model, texts, encoding_format, dimensions) from an OpenAI embeddings body."""
+    if not isinstance(body, Mapping):
+        raise HeronError(ErrorCode.MALFORMED_BODY, "body must be an object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid_field("model", "is required and must be a string")
+    raw = body.get("input")
+    if isinstance(raw, str):
+        texts = [raw]
+    elif isinstance(raw, list) and raw and all(isinstance(t, str) for t in raw):
+        texts = list(raw)
+    elif isinstance(raw, list) and raw and all(isinstance(t, int | list) for t in raw):
+        raise invalid_field("input", "token-id input is not supported; send strings")
+    elif raw is None:
+        raise invalid_field("input", "is required")
+    else:
+        raise invalid_field("input", "must be a string or a non-empty list of strings")
+    if len(texts) > MAX_ITEMS_PER_REQUEST:
+        raise HeronError(ErrorCode.TOO_MANY_ITEMS,
+                         f"input: {len(texts)} items is over the limit of "
+                         f"{MAX_ITEMS_PER_REQUEST}", field="input")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise invalid_field("encoding_format", "must be 'float' or 'base64'")
+    dims = body.get("dimensions")
+    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims <= 0):
+        raise invalid_field("dimensions", "must be a positive integer")
+    return model, texts, encoding, dims
+
+
+def embeddings_response(model: str, vectors: list, tokens: int, encoding: str) -> dict:
+    data = [{"object": "embedding", "index": i,
+             "embedding": array_to_base64(v) if encoding == "base64" else v}
+            for i, v in enumerate(vectors)]
+    return {"object": "list", "data": data, "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -1,0 +1,214 @@
+"""InferenceService: encode, score and extract on top of the registry's runners.
+
+HTTP-free: the worker's HTTP API (and, with #3, its queue consumer) call these with parsed
+requests and get wire-ready dicts plus the request's phase timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sdk.errors import ErrorCode, HeronError
+from sdk.types import (
+    EncodeRequest,
+    Entity,
+    ExtractRequest,
+    Item,
+    RequestOptions,
+    ScoreRequest,
+    SparseVector,
+    wire_array,
+)
+from worker.adapters import TextInput, Tokenized
+from worker.outputs import quantize, truncate_dims
+from worker.registry import ModelEntry, ModelRegistry
+from worker.runner import ItemResult, ModelRunner
+
+
+@dataclass(slots=True)
+class Timings:
+    """Seconds spent per phase; ``queue`` and ``inference`` are the slowest item's."""
+
+    tokenize: float = 0.0
+    queue: float = 0.0
+    inference: float = 0.0
+    total: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def server_timing(self) -> str:
+        phases = {"tokenize": self.tokenize, "queue": self.queue,
+                  "inference": self.inference, "total": self.total}
+        return ", ".join(f"{k};dur={v * 1000:.2f}" for k, v in phases.items())
+
+
+@dataclass(slots=True)
+class Outcome:
+    body: dict[str, Any]
+    timings: Timings
+    model: str
+
+
+class InferenceService:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    # ---- the shared path: tokenize, check, batch, infer --------------------------------
+    async def _run(self, runner: ModelRunner, inputs: list[TextInput], options: RequestOptions,
+                   timings: Timings) -> tuple[list[Tokenized], list[ItemResult]]:
+        started = time.monotonic()
+        deadline = started + options.timeout_s if options.timeout_s else None
+        tokens = await runner.tokenize(inputs)
+        timings.tokenize = time.monotonic() - started
+        if not options.truncate:
+            for i, t in enumerate(tokens):
+                if t.truncated:
+                    raise HeronError(
+                        ErrorCode.INPUT_TOO_LONG,
+                        f"items[{i}]: longer than the model's {runner.adapter.max_length} tokens"
+                        " and truncate is false", field=f"items[{i}]")
+        coro = runner.infer(tokens, priority=options.priority, deadline=deadline)
+        try:
+            if deadline is None:
+                results = await coro
+            else:
+                results = await asyncio.wait_for(coro, max(0.0, deadline - time.monotonic()))
+        except TimeoutError as exc:
+            raise HeronError(ErrorCode.DEADLINE_EXCEEDED,
+                             f"request did not finish within timeout_s={options.timeout_s}"
+                             ) from exc
+        timings.queue = max(r.queue_s for r in results)
+        timings.inference = max(r.inference_s for r in results)
+        timings.total = time.monotonic() - started
+        return tokens, results
+
+    def _runner_for(self, model: str, task: str) -> tuple[ModelEntry, ModelRunner]:
+        entry, runner = self.registry.runner(model)
+        adapter_task = runner.adapter.task
+        # Dense encoders also score (bi-encoder cosine); nothing else crosses tasks.
+        if adapter_task != task and not (task == "score" and runner.adapter.name == "dense"):
+            raise HeronError(ErrorCode.UNSUPPORTED_TASK,
+                             f"model {entry.config.id} does not support {task}; "
+                             f"it serves {adapter_task}")
+        return entry, runner
+
+    @staticmethod
+    def _instruction(entry: ModelEntry, is_query: bool, override: str | None) -> str:
+        if override is not None:
+            return override
+        profile = entry.config.profile
+        return profile.query_instruction if is_query else profile.document_instruction
+
+    # ---- encode ------------------------------------------------------------------------
+    async def encode(self, model: str, req: EncodeRequest) -> Outcome:
+        entry, runner = self._runner_for(model, "encode")
+        supported = runner.adapter.output_types
+        unsupported = [t for t in req.output_types if t not in supported]
+        if unsupported:
+            raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
+                             f"output_types: model {entry.config.id} does not produce "
+                             f"{unsupported}; it supports {sorted(supported)}",
+                             field="output_types")
+        if "sparse" in req.output_types and req.output_dtype not in ("float32", "float16"):
+            raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
+                             "output_dtype: sparse outputs are float32 or float16",
+                             field="output_dtype")
+        if req.dims is not None and "dense" in req.output_types and runner.adapter.hidden_size \
+                and req.dims > runner.adapter.hidden_size:
+            raise HeronError(ErrorCode.INVALID_FIELD,
+                             f"dims: {req.dims} is more than the model's "
+                             f"{runner.adapter.hidden_size} dimensions", field="dims")
+        prefix = self._instruction(entry, req.is_query, req.instruction)
+        timings = Timings()
+        tokens, results = await self._run(runner, [prefix + i.text for i in req.items],
+                                          req.options, timings)
+        normalize = entry.config.profile.normalize
+        enc = req.options.encoding
+        items = []
+        for item, tok, res in zip(req.items, tokens, results, strict=True):
+            out: dict[str, Any] = {}
+            if item.id is not None:
+                out["id"] = item.id
+            for kind in req.output_types:
+                value = res.value[kind]
+                if kind == "dense":
+                    vec = truncate_dims(value, req.dims, normalize)
+                    out["dense"] = wire_array(quantize(vec, req.output_dtype), enc)
+                elif kind == "multi_vector":
+                    out["multi_vector"] = wire_array(quantize(value, req.output_dtype), enc)
+                else:
+                    sparse: SparseVector = value
+                    if req.output_dtype == "float16":
+                        sparse = SparseVector(sparse.indices, sparse.values.astype(np.float16))
+                    out["sparse"] = sparse.to_wire(enc)
+            out["tokens"] = tok.length
+            out["truncated"] = tok.truncated
+            items.append(out)
+        body = {"model": entry.config.id, "items": items,
+                "usage": {"tokens": sum(t.length for t in tokens)}}
+        return Outcome(body, timings, entry.config.id)
+
+    # ---- score -------------------------------------------------------------------------
+    async def score(self, model: str, req: ScoreRequest) -> Outcome:
+        entry, runner = self._runner_for(model, "score")
+        timings = Timings()
+        if runner.adapter.task == "score":
+            tokens, results = await self._run(
+                runner, [(req.query, i.text) for i in req.items], req.options, timings)
+            scores = [float(r.value) for r in results]
+        else:  # bi-encoder: cosine of the query's embedding against each item's
+            profile = entry.config.profile
+            inputs = [profile.query_instruction + req.query,
+                      *(profile.document_instruction + i.text for i in req.items)]
+            tokens, results = await self._run(runner, inputs, req.options, timings)
+            vectors = np.stack([r.value["dense"] for r in results])
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+            scores = (vectors[1:] @ vectors[0]).astype(float).tolist()
+            tokens = tokens[1:]
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+        if req.top_k is not None:
+            order = order[: req.top_k]
+        ranked = []
+        for rank, index in enumerate(order, start=1):
+            row: dict[str, Any] = {"index": index, "score": scores[index], "rank": rank}
+            if req.items[index].id is not None:
+                row["id"] = req.items[index].id
+            if tokens[index].truncated:
+                row["truncated"] = True
+            ranked.append(row)
+        body = {"model": entry.config.id, "results": ranked,
+                "usage": {"tokens": sum(t.length for t in tokens)}}
+        return Outcome(body, timings, entry.config.id)
+
+    # ---- extract -----------------------------------------------------------------------
+    async def extract(self, model: str, req: ExtractRequest) -> Outcome:
+        entry, runner = self._runner_for(model, "extract")
+        timings = Timings()
+        tokens, results = await self._run(runner, [i.text for i in req.items], req.options,
+                                          timings)
+        wanted = None if req.labels is None else {x.upper() for x in req.labels}
+        items = []
+        for item, tok, res in zip(req.items, tokens, results, strict=True):
+            entities: list[Entity] = [
+                e for e in res.value
+                if (wanted is None or e.label.upper() in wanted) and e.score >= req.threshold]
+            out: dict[str, Any] = {"entities": [e.to_wire() for e in entities],
+                                   "tokens": tok.length, "truncated": tok.truncated}
+            if item.id is not None:
+                out["id"] = item.id
+            items.append(out)
+        body = {"model": entry.config.id, "items": items,
+                "usage": {"tokens": sum(t.length for t in tokens)}}
+        return Outcome(body, timings, entry.config.id)
+
+    # ---- OpenAI /v1/embeddings -----------------------------------------------------------
+    async def embed_texts(self, model: str, texts: list[str], dims: int | None,
+                          ) -> tuple[str, list[np.ndarray], int, Timings]:
+        req = EncodeRequest(items=[Item(t) for t in texts], dims=dims)
+        outcome = await self.encode(model, req)
+        vectors = [row["dense"] for row in outcome.body["items"]]
+        return outcome.model, vectors, outcome.body["usage"]["tokens"], outcome.timings
