@@ -26,7 +26,8 @@ def _select_models(bundle: Bundle, models: str | None) -> Bundle:
         else:
             raise ConfigError("--models", spec,
                               f"not in bundle {bundle.name}; known: {sorted(names)}")
-    return dataclasses.replace(bundle, models=tuple(dict.fromkeys(chosen)), preload=None)
+    unique = {m.id: m for m in chosen}  # the same model named twice is served once
+    return dataclasses.replace(bundle, models=tuple(unique.values()), preload=None)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

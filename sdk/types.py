@@ -55,7 +55,7 @@ def _parse_items(body: Mapping[str, Any], name: str = "items") -> list[Item]:
     items: list[Item] = []
     for i, entry in enumerate(raw):
         if isinstance(entry, str):
-            items.append(Item(_check_text(entry, f"{name}[{i}]")))
+            items.append(Item(check_text(entry, f"{name}[{i}]")))
         elif isinstance(entry, Mapping):
             text = entry.get("text")
             if not isinstance(text, str):
@@ -63,14 +63,15 @@ def _parse_items(body: Mapping[str, Any], name: str = "items") -> list[Item]:
             item_id = entry.get("id")
             if item_id is not None and not isinstance(item_id, str | int):
                 raise invalid_field(f"{name}[{i}].id", "must be a string or an integer")
-            items.append(Item(_check_text(text, f"{name}[{i}].text"),
+            items.append(Item(check_text(text, f"{name}[{i}].text"),
                               None if item_id is None else str(item_id)))
         else:
             raise invalid_field(f"{name}[{i}]", "must be a string or a {text, id} object")
     return items
 
 
-def _check_text(text: str, name: str) -> str:
+def check_text(text: str, name: str) -> str:
+    """413 for one text over MAX_TEXT_CHARS (the body limit bounds the rest)."""
     if len(text) > MAX_TEXT_CHARS:
         raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
                          f"{name}: text of {len(text)} characters is over {MAX_TEXT_CHARS}",
@@ -195,7 +196,7 @@ class ScoreRequest:
         top_k = _opt(body, "top_k", int, None)
         if top_k is not None and top_k <= 0:
             raise invalid_field("top_k", "must be a positive integer")
-        return cls(query=_check_text(query, "query"), items=_parse_items(body), top_k=top_k,
+        return cls(query=check_text(query, "query"), items=_parse_items(body), top_k=top_k,
                    options=RequestOptions.from_wire(body))
 
     def to_wire(self) -> dict[str, Any]:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# No test may reach a model hub; the hub test sets its own loopback endpoint.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
 import shutil
 from collections.abc import Iterator
 from pathlib import Path

@@ -65,8 +65,12 @@ def wait_until(server: ServerProcess, path: str, timeout_s: float) -> None:
         if server.proc.poll() is not None:
             raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()}")
         try:
-            if httpx.get(server.url + path, timeout=2).status_code == 200:
+            response = httpx.get(server.url + path, timeout=2)
+            if response.status_code == 200:
                 return
+            if path == "/readyz" and response.json().get("status") == "failed":
+                server.stop()
+                raise RuntimeError(f"a model failed to load:\n{server.log()}")
         except httpx.HTTPError:
             pass
         time.sleep(0.2)

@@ -20,10 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from sdk import wire
 from sdk.errors import HeronError
 from sdk.modelconfig import Bundle, ModelConfig
 from sdk.server import EXCEPTION_HANDLERS, read_body, respond
-from sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
+from sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
 from worker.metrics import WorkerMetrics
 from worker.openai_compat import embeddings_response, parse_embeddings_request
 from worker.registry import LoadState, ModelEntry, ModelRegistry
@@ -53,22 +54,26 @@ class WorkerApp:
 
     # ---- inference routes ------------------------------------------------------------------
     async def _inference(self, request: Request, route: str,
-                         call: Callable[[str, Any], Awaitable[Outcome]],
-                         parse: Callable[[Any], Any]) -> Response:
-        model = request.path_params["model"]
+                         handle: Callable[[Any], Awaitable[Outcome]], *,
+                         json_only: bool = False) -> Response:
+        """Read the body, run ``handle``, answer; metrics and timing headers for every route."""
         started = time.monotonic()
-        status = 500
+        status, model = 500, request.path_params.get("model", "_unknown")
         try:
             body, fmt = await read_body(request)
-            outcome = await call(model, parse(body))
-            status = 200
-            return respond(request, outcome.body, request_fmt=fmt,
-                           headers=self._headers(request, outcome))
+            outcome = await handle(body)
+            status, model = 200, outcome.model
+            headers = self._headers(request, outcome)
+            if json_only:  # OpenAI clients speak JSON only, whatever they send in Accept
+                return Response(wire.encode(outcome.body, wire.JSON), media_type=wire.JSON,
+                                headers=headers)
+            return respond(request, outcome.body, request_fmt=fmt, headers=headers)
         except HeronError as exc:
             status = exc.status
             raise
         finally:
-            label = model if status not in (404,) else "_unknown"
+            # Unknown names must not mint new label values: one bucket for all of them.
+            label = "_unknown" if status == 404 else model
             self.metrics.requests.labels(route, label, str(status)).inc()
             self.metrics.latency.labels(route, label).observe(time.monotonic() - started)
 
@@ -80,39 +85,31 @@ class WorkerApp:
                 "X-Request-Id": request.headers.get("x-request-id") or uuid.uuid4().hex}
 
     async def encode(self, request: Request) -> Response:
-        return await self._inference(request, "encode", self.service.encode,
-                                     EncodeRequest.from_wire)
+        model = request.path_params["model"]
+        return await self._inference(
+            request, "encode", lambda b: self.service.encode(model, EncodeRequest.from_wire(b)))
 
     async def score(self, request: Request) -> Response:
-        return await self._inference(request, "score", self.service.score,
-                                     ScoreRequest.from_wire)
+        model = request.path_params["model"]
+        return await self._inference(
+            request, "score", lambda b: self.service.score(model, ScoreRequest.from_wire(b)))
 
     async def extract(self, request: Request) -> Response:
-        return await self._inference(request, "extract", self.service.extract,
-                                     ExtractRequest.from_wire)
+        model = request.path_params["model"]
+        return await self._inference(
+            request, "extract",
+            lambda b: self.service.extract(model, ExtractRequest.from_wire(b)))
 
     async def embeddings(self, request: Request) -> Response:
-        started = time.monotonic()
-        status, model = 500, "_unknown"
-        try:
-            body, _ = await read_body(request)
+        async def handle(body: Any) -> Outcome:
             model, texts, encoding, dims = parse_embeddings_request(body)
-            model_id, vectors, tokens, timings = await self.service.embed_texts(
-                model, texts, dims)
-            status = 200
-            headers = {"Server-Timing": timings.server_timing()}
-            # OpenAI clients speak JSON only, whatever they send in Accept.
-            return JSONResponse(embeddings_response(model_id, [v.tolist() if encoding ==
-                                                               "float" else v
-                                                               for v in vectors],
-                                                    tokens, encoding), headers=headers)
-        except HeronError as exc:
-            status = exc.status
-            raise
-        finally:
-            label = model if status != 404 else "_unknown"
-            self.metrics.requests.labels("embeddings", label, str(status)).inc()
-            self.metrics.latency.labels("embeddings", label).observe(time.monotonic() - started)
+            out = await self.service.encode(
+                model, EncodeRequest(items=[Item(t) for t in texts], dims=dims))
+            vectors = [row["dense"] for row in out.body["items"]]
+            return Outcome(embeddings_response(out.model, vectors, out.body["usage"]["tokens"],
+                                               encoding), out.timings, out.model)
+
+        return await self._inference(request, "embeddings", handle, json_only=True)
 
     # ---- models and health -----------------------------------------------------------------
     @staticmethod

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sdk.errors import ErrorCode, HeronError, invalid_field
-from sdk.types import MAX_ITEMS_PER_REQUEST
+from sdk.types import MAX_ITEMS_PER_REQUEST, check_text
 from sdk.wire import array_to_base64
 
 
@@ -28,6 +28,8 @@ def parse_embeddings_request(body: Any) -> tuple[str, list[str], str, int | None
         raise invalid_field("input", "is required")
     else:
         raise invalid_field("input", "must be a string or a non-empty list of strings")
+    for i, text in enumerate(texts):
+        check_text(text, f"input[{i}]")
     if len(texts) > MAX_ITEMS_PER_REQUEST:
         raise HeronError(ErrorCode.TOO_MANY_ITEMS,
                          f"input: {len(texts)} items is over the limit of "
@@ -43,7 +45,7 @@ def parse_embeddings_request(body: Any) -> tuple[str, list[str], str, int | None
 
 def embeddings_response(model: str, vectors: list, tokens: int, encoding: str) -> dict:
     data = [{"object": "embedding", "index": i,
-             "embedding": array_to_base64(v) if encoding == "base64" else v}
+             "embedding": array_to_base64(v) if encoding == "base64" else v.tolist()}
             for i, v in enumerate(vectors)]
     return {"object": "list", "data": data, "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -86,6 +86,9 @@ class ModelRegistry:
         threads = tokenize_threads or max(2, min(4, os.cpu_count() or 2))
         self._tokenize_pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
         self._on_batch = on_batch
+        # One load at a time: transformers' from_pretrained patches torch globally while it
+        # builds a model (meta-device init), so concurrent loads in threads corrupt each other.
+        self._load_pool = ThreadPoolExecutor(1, thread_name_prefix="load")
 
     # ---- lookups -----------------------------------------------------------------------
     def entries(self) -> list[ModelEntry]:
@@ -131,7 +134,8 @@ class ModelRegistry:
         config = entry.config
         started = time.monotonic()
         try:
-            runner = await asyncio.to_thread(self._load_blocking, entry)
+            runner = await asyncio.get_running_loop().run_in_executor(
+                self._load_pool, self._load_blocking, entry)
         except Exception as exc:
             entry.state = LoadState.FAILED
             entry.error = f"{type(exc).__name__}: {exc}"
@@ -171,3 +175,4 @@ class ModelRegistry:
             if entry.runner is not None:
                 await entry.runner.stop()
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        self._load_pool.shutdown(wait=False, cancel_futures=True)

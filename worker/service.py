@@ -18,7 +18,6 @@ from sdk.types import (
     EncodeRequest,
     Entity,
     ExtractRequest,
-    Item,
     RequestOptions,
     ScoreRequest,
     SparseVector,
@@ -160,6 +159,7 @@ class InferenceService:
             tokens, results = await self._run(
                 runner, [(req.query, i.text) for i in req.items], req.options, timings)
             scores = [float(r.value) for r in results]
+            usage_tokens = sum(t.length for t in tokens)
         else:  # bi-encoder: cosine of the query's embedding against each item's
             profile = entry.config.profile
             inputs = [profile.query_instruction + req.query,
@@ -168,6 +168,7 @@ class InferenceService:
             vectors = np.stack([r.value["dense"] for r in results])
             vectors /= np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
             scores = (vectors[1:] @ vectors[0]).astype(float).tolist()
+            usage_tokens = sum(t.length for t in tokens)  # the query was computed too
             tokens = tokens[1:]
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         if req.top_k is not None:
@@ -180,8 +181,7 @@ class InferenceService:
             if tokens[index].truncated:
                 row["truncated"] = True
             ranked.append(row)
-        body = {"model": entry.config.id, "results": ranked,
-                "usage": {"tokens": sum(t.length for t in tokens)}}
+        body = {"model": entry.config.id, "results": ranked, "usage": {"tokens": usage_tokens}}
         return Outcome(body, timings, entry.config.id)
 
     # ---- extract -----------------------------------------------------------------------
@@ -204,11 +204,3 @@ class InferenceService:
         body = {"model": entry.config.id, "items": items,
                 "usage": {"tokens": sum(t.length for t in tokens)}}
         return Outcome(body, timings, entry.config.id)
-
-    # ---- OpenAI /v1/embeddings -----------------------------------------------------------
-    async def embed_texts(self, model: str, texts: list[str], dims: int | None,
-                          ) -> tuple[str, list[np.ndarray], int, Timings]:
-        req = EncodeRequest(items=[Item(t) for t in texts], dims=dims)
-        outcome = await self.encode(model, req)
-        vectors = [row["dense"] for row in outcome.body["items"]]
-        return outcome.model, vectors, outcome.body["usage"]["tokens"], outcome.timings

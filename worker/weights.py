@@ -1,7 +1,7 @@
 """Resolve a model's weights to a local directory.
 
-Tiers, in order: an explicit local path; the local cache directory; a Python package that
-ships the weights; the Hugging Face Hub (through huggingface-hub, honouring HF_HUB_OFFLINE).
+Tiers, in order: an explicit local path; a Python package that ships the weights; the local
+cache directory; the Hugging Face Hub (through huggingface-hub, honouring HF_HUB_OFFLINE).
 The S3 cluster cache tier joins with issue #6.
 """
 
@@ -42,10 +42,6 @@ def resolve_weights(config: ModelConfig) -> Path:
                 f"{config.id}: local path {path} has no config.json (not a model directory)")
         return path
 
-    cached = _cache_path(config.id, source.revision)
-    if _has_weights(cached):
-        return cached
-
     if source.package is not None:
         spec = importlib.util.find_spec(source.package)
         if spec is None or not spec.submodule_search_locations:
@@ -57,6 +53,10 @@ def resolve_weights(config: ModelConfig) -> Path:
             raise WeightsUnavailable(
                 f"{config.id}: package {source.package!r} has no model at {path}")
         return path
+
+    cached = _cache_path(config.id, source.revision)
+    if _has_weights(cached):
+        return cached
 
     assert source.hub is not None
     return _download_from_hub(config.id, source.hub, source.revision, cached)
@@ -70,10 +70,14 @@ def _download_from_hub(model_id: str, repo: str, revision: str | None, target: P
     try:
         path = snapshot_download(
             repo_id=repo, revision=revision, local_dir=str(target),
-            local_files_only=offline,
+            local_files_only=offline, endpoint=os.environ.get("HF_ENDPOINT") or None,
             allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*"],
         )
     except LocalEntryNotFoundError as exc:
+        if not offline:
+            raise WeightsUnavailable(
+                f"{model_id}: could not download {repo} from the Hugging Face Hub "
+                f"(unreachable) and it is not in the local cache: {exc}") from exc
         raise WeightsUnavailable(
             f"{model_id}: not in the local cache and HF_HUB_OFFLINE is set; "
             f"download {repo} once with network or point source.path at a copy") from exc

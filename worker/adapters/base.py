@@ -111,7 +111,12 @@ class Adapter(ABC):
             "return_attention_mask": False,
         }
         if pairs:
-            enc = self.tokenizer([p[0] for p in inputs], [p[1] for p in inputs], **kwargs)
+            queries, docs = [p[0] for p in inputs], [p[1] for p in inputs]
+            try:
+                enc = self.tokenizer(queries, docs, **kwargs)
+            except Exception:
+                # The query alone is over the limit: cut both sides rather than fail.
+                enc = self.tokenizer(queries, docs, **{**kwargs, "truncation": "longest_first"})
         else:
             enc = self.tokenizer(list(inputs), **kwargs)
         type_ids = enc.get("token_type_ids")

@@ -22,7 +22,8 @@ class CrossEncoderAdapter(Adapter):
         activation = self.profile.activation
         if logits.shape[-1] == 1:
             scores = logits[:, 0]
-            return torch.sigmoid(scores) if activation == "sigmoid" else scores
+            # softmax over one logit is always 1; for one-logit models it means sigmoid.
+            return scores if activation == "none" else torch.sigmoid(scores)
         # Several labels: the last one is "relevant" (the usual 2-label convention).
         if activation == "none":
             return logits[:, -1]

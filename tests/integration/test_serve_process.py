@@ -1,0 +1,98 @@
+"""`heron serve` as a user runs it: config errors, model subsets, lazy loads, load failures."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.servers import REPO, start_serve
+
+
+def write_bundle(root: Path, models: dict[str, dict], **extra: object) -> Path:
+    (root / "models").mkdir(parents=True, exist_ok=True)
+    for name, config in models.items():
+        (root / "models" / name).write_text(yaml.safe_dump(config))
+    shutil.copy(REPO / "bundles/models/all-minilm-l6-v2.yaml", root / "models")
+    bundle = {"name": "t", "models": ["all-minilm-l6-v2.yaml", *models], **extra}
+    (root / "t.yaml").write_text(yaml.safe_dump(bundle))
+    return root / "t.yaml"
+
+
+def test_bad_config_fails_at_start_with_file_field_and_reason(tmp_path: Path) -> None:
+    bundle = write_bundle(tmp_path, {"bad.yaml": {
+        "id": "x/bad", "adapter": "dense", "source": {"path": "/nowhere"},
+        "profiles": {"default": {"max_batch_tokens": -5}}}})
+    proc = subprocess.run([sys.executable, "-m", "heron.cli", "serve", "--bundle", str(bundle)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2
+    assert "bad.yaml: profiles.default.max_batch_tokens: must be a positive integer" in \
+        proc.stderr
+
+
+def test_lazy_load_then_serve_and_load_failure_is_502(tmp_path: Path,
+                                                       tiny_models: dict[str, Path]) -> None:
+    broken = tmp_path / "broken-weights"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "bert"}')  # no weights, no tokenizer
+    bundle = write_bundle(tmp_path, {
+        "lazy.yaml": {"id": "t/lazy", "adapter": "dense",
+                      "source": {"path": str(tiny_models["tiny-dense-cls"])}},
+        "broken.yaml": {"id": "t/broken", "adapter": "dense", "source": {"path": str(broken)}},
+    }, preload=["minilm"])
+    server = start_serve(bundle, tmp_path)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            assert http.get("/readyz").json()["models"]["t/lazy"] == "not_loaded"
+            first = http.post("/v1/encode/t/lazy", json={"items": ["wake up"]})
+            assert first.status_code == 503
+            assert first.json()["error"]["code"] == "MODEL_LOADING"
+            assert int(first.headers["retry-after"]) >= 1
+            deadline = time.monotonic() + 60
+            while (r := http.post("/v1/encode/t/lazy", json={"items": ["wake up"]})
+                   ).status_code == 503 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert r.status_code == 200 and len(r.json()["items"][0]["dense"]) == 32
+
+            assert http.post("/v1/encode/t/broken", json={"items": ["x"]}).status_code == 503
+            deadline = time.monotonic() + 60
+            while (r := http.post("/v1/encode/t/broken", json={"items": ["x"]})
+                   ).status_code == 503 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert r.status_code == 502
+            assert r.json()["error"]["code"] == "MODEL_LOAD_FAILED"
+            assert "t/broken" in r.json()["error"]["message"]
+            # The failure is contained: the rest of the worker keeps serving.
+            assert http.post("/v1/encode/minilm", json={"items": ["fine"]}).status_code == 200
+            model = http.get("/v1/models/t/broken").json()
+            assert model["state"] == "failed" and model["error"]
+    finally:
+        server.stop()
+    # uvicorn shuts down gracefully, then re-raises SIGTERM; SIGKILL would mean it hung.
+    assert server.proc.returncode in (0, -signal.SIGTERM), server.log()
+
+
+@pytest.mark.slow
+def test_models_flag_serves_a_subset_and_stops_cleanly(tmp_path: Path,
+                                                       test_bundle: Path) -> None:
+    server = start_serve(test_bundle, tmp_path,
+                         extra_args=["--models", "minilm,tiny-cross-encoder,minilm"])
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            ids = sorted(m["id"] for m in http.get("/v1/models").json()["data"])
+            assert ids == ["sentence-transformers/all-MiniLM-L6-v2", "test/tiny-cross-encoder"]
+            long_query = " ".join(["query"] * 200)  # alone over the 64-token limit
+            r = http.post("/v1/score/tiny-cross-encoder",
+                          json={"query": long_query, "items": ["a", "b"]})
+            assert r.status_code == 200, r.text
+            assert all(x["truncated"] for x in r.json()["results"])
+    finally:
+        server.stop()
+    assert server.proc.returncode in (0, -signal.SIGTERM)

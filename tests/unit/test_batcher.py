@@ -1,0 +1,114 @@
+"""TokenBudgetBatcher: cost = longest x items, sorted runs, anchors never starve."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from sdk.errors import ErrorCode, HeronError
+from worker.batcher import TokenBudgetBatcher, WorkItem
+
+
+def make(batcher: TokenBudgetBatcher, lengths: list[int], *, priority: int = 0,
+         deadline: float | None = None) -> list[WorkItem]:
+    loop = asyncio.get_running_loop()
+    items = [WorkItem(payload=n, length=n, priority=priority, deadline=deadline,
+                      future=loop.create_future()) for n in lengths]
+    batcher.submit(items)
+    return items
+
+
+def new(max_tokens: int = 1000, max_items: int = 8, wait_s: float = 0.0,
+        queue: int = 100) -> TokenBudgetBatcher:
+    return TokenBudgetBatcher(max_batch_tokens=max_tokens, max_batch_items=max_items,
+                              max_wait_s=wait_s, max_queue_items=queue)
+
+
+async def test_batch_respects_token_budget_and_item_cap() -> None:
+    b = new(max_tokens=100, max_items=3)
+    make(b, [10, 10, 10, 10, 50, 50])
+    first = await b.next_batch()
+    assert len(first) == 3 and max(w.length for w in first) * len(first) <= 100
+    second = await b.next_batch()
+    assert max(w.length for w in second) * len(second) <= 100
+    rest = await b.next_batch()
+    assert sorted(w.length for w in first + second + rest) == [10, 10, 10, 10, 50, 50]
+
+
+async def test_batches_group_similar_lengths() -> None:
+    b = new(max_tokens=10_000, max_items=4)
+    make(b, [5, 100, 6, 101, 7, 102, 8, 103])
+    first = await b.next_batch()
+    second = await b.next_batch()
+    assert sorted(w.length for w in first) == [5, 6, 7, 8]
+    assert sorted(w.length for w in second) == [100, 101, 102, 103]
+
+
+async def test_oldest_item_is_always_in_the_next_batch() -> None:
+    """A long item that arrived first is not starved by a stream of short ones."""
+    b = new(max_tokens=256, max_items=8)
+    (long_item,) = make(b, [200])
+    make(b, [4] * 50)
+    batch = await b.next_batch()
+    assert long_item in batch
+
+
+async def test_single_item_over_budget_still_runs_alone() -> None:
+    b = new(max_tokens=16, max_items=8)
+    (big,) = make(b, [300])
+    assert await b.next_batch() == [big]
+
+
+async def test_higher_priority_is_served_first() -> None:
+    b = new(max_tokens=40, max_items=2)
+    make(b, [10, 10, 10, 10], priority=5)
+    urgent = make(b, [30], priority=0)
+    batch = await b.next_batch()
+    assert urgent[0] in batch
+
+
+async def test_queue_bound_rejects_whole_request() -> None:
+    b = new(queue=5)
+    make(b, [1, 2, 3])
+    with pytest.raises(HeronError) as err:
+        make(b, [1, 2, 3])
+    assert err.value.code is ErrorCode.QUEUE_FULL and err.value.status == 429
+    assert err.value.retry_after_s is not None
+    assert len(b) == 3
+
+
+async def test_expired_and_cancelled_items_are_not_computed() -> None:
+    b = new()
+    expired = make(b, [5, 5], deadline=time.monotonic() - 1)
+    cancelled = make(b, [6])
+    cancelled[0].future.cancel()
+    live = make(b, [7])
+    batch = await b.next_batch()
+    assert batch == live
+    for item in expired:
+        assert isinstance(item.future.exception(), HeronError)
+        assert item.future.exception().code is ErrorCode.DEADLINE_EXCEEDED
+
+
+async def test_waits_for_more_items_within_the_window() -> None:
+    b = new(max_items=4, wait_s=0.2)
+    make(b, [5])
+
+    async def later() -> None:
+        await asyncio.sleep(0.02)
+        make(b, [5, 5, 5])
+
+    task = asyncio.create_task(later())
+    batch = await asyncio.wait_for(b.next_batch(), 2)
+    await task
+    assert len(batch) == 4  # filled before the window closed
+
+
+async def test_window_is_bounded() -> None:
+    b = new(max_items=64, wait_s=0.05)
+    make(b, [5])
+    started = time.monotonic()
+    batch = await asyncio.wait_for(b.next_batch(), 2)
+    assert len(batch) == 1 and time.monotonic() - started < 1.0
