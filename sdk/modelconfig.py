@@ -23,6 +23,7 @@ POOLINGS = ("mean", "cls", "last")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 ACTIVATIONS = ("sigmoid", "softmax", "none")
 DEVICES = ("auto", "cpu", "cuda")
+PACKINGS = ("auto", "off")
 
 
 class ConfigError(ValueError):
@@ -58,6 +59,7 @@ class Profile:
     document_instruction: str = ""
     activation: str = "sigmoid"  # cross-encoder score activation
     max_queue_items: int = 8192
+    packing: str = "auto"  # auto: pack batches (no padding) where the model family allows
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,7 @@ _PROFILE_FIELDS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "document_instruction": (str, None),
     "activation": (str, ACTIVATIONS),
     "max_queue_items": (int, "positive"),
+    "packing": (str, PACKINGS),
 }
 
 

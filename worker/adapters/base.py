@@ -7,6 +7,7 @@ hands each item's ``postprocess`` output back to the request that owns it.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from sdk.modelconfig import ModelConfig, Profile
+from worker.adapters import packing
+from worker.adapters.packing import Packing
 
 # A text, or a (query, document) pair for cross-encoders.
 TextInput = str | tuple[str, str]
@@ -45,9 +48,17 @@ class Batch:
     attention_mask: torch.Tensor  # [B, L]
     token_type_ids: torch.Tensor | None
     lengths: torch.Tensor  # [B]
+    # Packed batches ([1, T], no padding, attention_mask None) carry where items lie.
+    packing: Packing | None = None
+    position_ids: torch.Tensor | None = None
 
-    def model_inputs(self) -> dict[str, torch.Tensor]:
-        inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+    def model_inputs(self) -> dict[str, Any]:
+        inputs: dict[str, Any] = {"input_ids": self.input_ids}
+        if self.packing is not None:
+            inputs["position_ids"] = self.position_ids
+            inputs["heron_segments"] = self.packing.segments
+        else:
+            inputs["attention_mask"] = self.attention_mask
         if self.token_type_ids is not None:
             inputs["token_type_ids"] = self.token_type_ids
         return inputs
@@ -62,6 +73,7 @@ class Adapter(ABC):
     output_types: ClassVar[frozenset[str]] = frozenset()
     needs_offsets: ClassVar[bool] = False
     needs_special_mask: ClassVar[bool] = False
+    supports_packing: ClassVar[bool] = False  # forward/postprocess handle Batch.packing
 
     def __init__(self, config: ModelConfig, profile: Profile) -> None:
         self.config = config
@@ -71,6 +83,8 @@ class Adapter(ABC):
         self.device = torch.device("cpu")
         self.max_length = 512
         self.hidden_size = 0
+        self.packed = False
+        self._tokenize_lock = threading.Lock()
 
     # ---- load ------------------------------------------------------------------------
     def load(self, path: Path, device: torch.device, dtype: torch.dtype) -> None:
@@ -78,6 +92,10 @@ class Adapter(ABC):
         model = self.load_model(path)
         self.model = model.to(device=device, dtype=dtype).eval()
         self.device = device
+        self.packed = self.supports_packing and packing.can_pack(model, device,
+                                                                 self.profile.packing)
+        if self.packed:
+            packing.enable(model)
         model_limit = getattr(model.config, "max_position_embeddings", None) or 512
         tokenizer_limit = self.tokenizer.model_max_length
         if not tokenizer_limit or tokenizer_limit > 1_000_000:
@@ -92,6 +110,13 @@ class Adapter(ABC):
     # ---- tokenize (runs on the tokenizer thread pool) --------------------------------
     def tokenize(self, inputs: list[TextInput]) -> list[Tokenized]:
         """Tokenize with truncation at max_length; items that did not fit are flagged."""
+        # A fast tokenizer keeps truncation settings as mutable state that every call
+        # rewrites, so two threads with different max_length corrupt each other's results
+        # (or fail with "Already borrowed"). One call at a time per model.
+        with self._tokenize_lock:
+            return self._tokenize_locked(inputs)
+
+    def _tokenize_locked(self, inputs: list[TextInput]) -> list[Tokenized]:
         out = self._encode(inputs, self.max_length + 1)
         too_long = [i for i, t in enumerate(out) if t.length > self.max_length]
         if too_long:
@@ -100,6 +125,17 @@ class Adapter(ABC):
                 t.truncated = True
                 out[i] = t
         return out
+
+    def tokenize_now(self, inputs: list[TextInput]) -> list[Tokenized] | None:
+        """Tokenize on the calling thread if nobody else is tokenizing for this model (a
+        short request costs ~40 us to tokenize, less than the hop to a pool thread and
+        back); None if another thread holds the tokenizer."""
+        if not self._tokenize_lock.acquire(blocking=False):
+            return None
+        try:
+            return self._tokenize_locked(inputs)
+        finally:
+            self._tokenize_lock.release()
 
     def _encode(self, inputs: list[TextInput], max_length: int) -> list[Tokenized]:
         pairs = bool(inputs) and isinstance(inputs[0], tuple)
@@ -136,6 +172,32 @@ class Adapter(ABC):
 
     # ---- collate, forward, postprocess (inference thread) -----------------------------
     def collate(self, items: list[Tokenized]) -> Batch:
+        return self._collate_packed(items) if self.packed else self._collate_padded(items)
+
+    def _collate_packed(self, items: list[Tokenized]) -> Batch:
+        lengths = np.fromiter((t.length for t in items), dtype=np.int64, count=len(items))
+        starts = np.zeros(len(items), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        total = int(lengths.sum())
+        ids = np.fromiter((i for t in items for i in t.input_ids), dtype=np.int64, count=total)
+        positions = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+        types = None
+        if items[0].token_type_ids is not None:
+            types = np.fromiter((i for t in items for i in (t.token_type_ids or [0] * t.length)),
+                                dtype=np.int64, count=total)
+        to = self.device
+        segment_ids = torch.from_numpy(np.repeat(np.arange(len(items)), lengths)).to(to)
+        layout = Packing(segments=[(int(s), int(s + n)) for s, n in zip(starts, lengths,
+                                                                         strict=True)],
+                         starts=torch.from_numpy(starts).to(to), segment_ids=segment_ids)
+        return Batch(items=items, input_ids=torch.from_numpy(ids).to(to).unsqueeze(0),
+                     attention_mask=torch.ones(1, total, dtype=torch.int64, device=to),
+                     token_type_ids=None if types is None else
+                     torch.from_numpy(types).to(to).unsqueeze(0),
+                     lengths=torch.from_numpy(lengths).to(to), packing=layout,
+                     position_ids=torch.from_numpy(positions).to(to).unsqueeze(0))
+
+    def _collate_padded(self, items: list[Tokenized]) -> Batch:
         lengths = np.fromiter((t.length for t in items), dtype=np.int64, count=len(items))
         width = int(lengths.max())
         pad_id = self.tokenizer.pad_token_id or 0

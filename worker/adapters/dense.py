@@ -16,6 +16,7 @@ class DenseAdapter(Adapter):
     name = "dense"
     task = "encode"
     output_types = frozenset({"dense"})
+    supports_packing = True
 
     def load_model(self, path: Path) -> torch.nn.Module:
         return AutoModel.from_pretrained(str(path))
@@ -23,7 +24,15 @@ class DenseAdapter(Adapter):
     def forward(self, batch: Batch) -> torch.Tensor:
         hidden = self.model(**batch.model_inputs()).last_hidden_state
         pooling = self.profile.pooling
-        if pooling == "cls":
+        if batch.packing is not None:
+            tokens = hidden[0]
+            if pooling == "cls":
+                pooled = batch.packing.first(tokens)
+            elif pooling == "last":
+                pooled = batch.packing.last(tokens, batch.lengths)
+            else:
+                pooled = batch.packing.mean(tokens, batch.lengths)
+        elif pooling == "cls":
             pooled = hidden[:, 0]
         elif pooling == "last":
             pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device),

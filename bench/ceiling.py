@@ -1,0 +1,99 @@
+"""The raw-model ceiling: MiniLM through transformers alone, no server, no HTTP.
+
+Run in its own process after the server has stopped, so the two never share the CPU:
+
+    python -m bench.ceiling TEXTS_JSON [--seconds S] [--batch-size 32] [--threads N]
+
+Texts are sorted by token length and run in batches (fp32, inference_mode, mean pooling,
+L2-normalised), pass after pass until the time budget is spent. A pass times the whole
+path from texts to vectors (tokenize + forward + pool); its forward share is reported too.
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModel, AutoTokenizer
+
+from bench.texts import model_dir
+
+MAX_LENGTH = 256  # the bundle's max_sequence_length for MiniLM
+
+
+def _embed(model: Any, tokenizer: Any, texts: list[str]) -> tuple[torch.Tensor, float]:
+    """Vectors and the seconds spent in tokenization."""
+    started = time.perf_counter()
+    enc = tokenizer(texts, padding=True, truncation=True, max_length=MAX_LENGTH,
+                    return_tensors="pt")
+    tokenize_s = time.perf_counter() - started
+    hidden = model(**enc).last_hidden_state
+    mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    return F.normalize(pooled, p=2, dim=-1), tokenize_s
+
+
+def measure(texts: list[str], *, seconds: float, batch_size: int, min_passes: int = 2,
+            max_passes: int = 10) -> dict[str, Any]:
+    path = model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    model = AutoModel.from_pretrained(str(path)).float().eval()
+    lengths = [len(ids) for ids in tokenizer(texts, truncation=True,
+                                             max_length=MAX_LENGTH)["input_ids"]]
+    ordered = [t for _, t in sorted(zip(lengths, texts, strict=True), key=lambda p: p[0])]
+    batches = [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+    passes: list[dict[str, float]] = []
+    with torch.inference_mode():
+        for batch in (batches[0], batches[-1]):  # warm-up: shortest and longest batch
+            _embed(model, tokenizer, batch)
+        budget_end = time.perf_counter() + seconds
+        while len(passes) < max_passes and (len(passes) < min_passes
+                                            or time.perf_counter() < budget_end):
+            tokenize_s = 0.0
+            started = time.perf_counter()
+            for batch in batches:
+                tokenize_s += _embed(model, tokenizer, batch)[1]
+            elapsed = time.perf_counter() - started
+            passes.append({"seconds": round(elapsed, 3),
+                           "sentences_per_s": round(len(texts) / elapsed, 1),
+                           "forward_only_per_s": round(len(texts) / (elapsed - tokenize_s), 1)})
+    rates = sorted(p["sentences_per_s"] for p in passes)
+    return {
+        "sentences_per_s": rates[-1],  # best pass: a ceiling
+        "sentences_per_s_median": rates[len(rates) // 2],
+        "forward_only_per_s": max(p["forward_only_per_s"] for p in passes),
+        "batch_size": batch_size,
+        "dtype": "float32",
+        "torch_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "n_texts": len(texts),
+        "passes": passes,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("texts", type=Path, help="JSON file: a list of strings")
+    parser.add_argument("--seconds", type=float, default=20.0, help="time budget for passes")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    texts = json.loads(args.texts.read_text())
+    result = measure(texts, seconds=args.seconds, batch_size=args.batch_size)
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
