@@ -15,9 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from hypothesis import settings
 
 from tests.servers import REPO, ServerProcess, start_serve
 from tests.tiny_models import build_tiny_models
+
+# Property tests check logic, not speed: no per-example deadline on a busy CI machine.
+settings.register_profile("heron", deadline=None)
+settings.load_profile("heron")
 
 # name -> (adapter, profile overrides)
 TINY_CONFIGS = {

@@ -72,8 +72,8 @@ class WorkerApp:
             status = exc.status
             raise
         finally:
-            # Unknown names must not mint new label values: one bucket for all of them.
-            label = "_unknown" if status == 404 else model
+            # Labels use model ids; unknown names must not mint new label values.
+            label = self.registry.canonical_id(model) or "_unknown"
             self.metrics.requests.labels(route, label, str(status)).inc()
             self.metrics.latency.labels(route, label).observe(time.monotonic() - started)
 

@@ -110,6 +110,10 @@ class ModelRegistry:
                              f"model {name!r} is not served here; GET /v1/models lists them")
         return self._entries[model_id]
 
+    def canonical_id(self, name: str) -> str | None:
+        """The model id behind a name or alias (None if not served here)."""
+        return self._names.get(name)
+
     def runner(self, name: str) -> tuple[ModelEntry, ModelRunner]:
         """The ready runner for a model, or 503 MODEL_LOADING (load started) / 502."""
         entry = self.entry(name)
