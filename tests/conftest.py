@@ -17,6 +17,7 @@ import pytest
 import yaml
 from hypothesis import settings
 
+from tests.nats_server import NatsServer
 from tests.servers import REPO, ServerProcess, start_serve
 from tests.tiny_models import build_tiny_models
 
@@ -78,3 +79,11 @@ def base_url(server: ServerProcess) -> str:
 def http(base_url: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=base_url, timeout=60) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """One nats-server for the session; tests isolate themselves by pool name."""
+    server = NatsServer(tmp_path_factory.mktemp("nats")).start()
+    yield server
+    server.stop()

@@ -1,0 +1,205 @@
+"""The one source of truth for Heron's NATS names, headers and stream definitions.
+
+Gateway, worker and config service read every subject, stream, consumer, header and
+bucket name from here, and declare streams and consumers through ``ensure_work_stream`` so
+that whichever side starts first creates them, identically.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import NotFoundError
+
+# ---- subjects and names ------------------------------------------------------------------
+WORK_STREAM_PREFIX = "HERON_WORK_"
+DLQ_STREAM = "HERON_DLQ"
+CONFIG_STREAM = "HERON_CONFIG"
+POOLS_BUCKET = "heron_pools"
+STATUS_WILDCARD = "heron.status.>"
+DEMAND_WILDCARD = "heron.demand.>"
+INBOX_ROOT = "_INBOX.heron"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def token(name: str) -> str:
+    """A subject-safe token for a pool, model or worker name (lossy: the real name always
+    travels in the message body; tokens only route)."""
+    safe = _UNSAFE.sub("_", name).strip("_")
+    if not safe:
+        raise ValueError(f"{name!r} has no subject-safe characters")
+    return safe
+
+
+def work_stream(pool: str) -> str:
+    return f"{WORK_STREAM_PREFIX}{token(pool)}"
+
+
+def work_subject(pool: str, model: str) -> str:
+    return f"heron.work.{token(pool)}.{token(model)}"
+
+
+def work_subjects(pool: str) -> str:
+    return f"heron.work.{token(pool)}.>"
+
+
+def work_consumer(pool: str) -> str:
+    """The durable pull consumer every worker of the pool shares."""
+    return f"workers_{token(pool)}"
+
+
+def dlq_subject(pool: str) -> str:
+    return f"heron.dlq.{token(pool)}"
+
+
+def status_subject(pool: str, worker_id: str) -> str:
+    return f"heron.status.{token(pool)}.{token(worker_id)}"
+
+
+def demand_subject(pool: str) -> str:
+    return f"heron.demand.{token(pool)}"
+
+
+def config_subject(bundle: str) -> str:
+    return f"heron.config.models.{token(bundle)}"
+
+
+def inbox_prefix(gateway_id: str) -> str:
+    return f"{INBOX_ROOT}.{token(gateway_id)}"
+
+
+def reply_subject(gateway_id: str, request_id: str) -> str:
+    return f"{inbox_prefix(gateway_id)}.{token(request_id)}"
+
+
+# ---- headers of a work item ------------------------------------------------------------------
+class Header:
+    REQUEST_ID = "Heron-Request-Id"
+    TASK = "Heron-Task"  # encode | score | extract
+    MODEL = "Heron-Model"
+    REPLY = "Heron-Reply"  # the gateway inbox for the result
+    START = "Heron-Item-Start"  # index of the work item's first item in its request
+    COUNT = "Heron-Item-Count"
+    DEADLINE = "Heron-Deadline"  # unix seconds (float) after which the work is dropped
+    PRIORITY = "Heron-Priority"
+    TRACEPARENT = "traceparent"
+
+
+# ---- stream and consumer definitions ----------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class WorkStreamSpec:
+    """Everything a pool's work stream and its consumer are declared with."""
+
+    pool: str
+    replicas: int = 1
+    file_storage: bool = True  # nothing queued is lost when NATS restarts
+    max_age_s: float = 3600.0
+    max_bytes: int = 1 << 30
+    ack_wait_s: float = 5.0  # short: a dead worker's items come back within seconds
+    max_deliver: int = 5
+    max_ack_pending: int = 4096
+
+    def stream_config(self) -> StreamConfig:
+        return StreamConfig(
+            name=work_stream(self.pool), subjects=[work_subjects(self.pool)],
+            retention=RetentionPolicy.WORK_QUEUE, discard=DiscardPolicy.NEW,
+            storage=StorageType.FILE if self.file_storage else StorageType.MEMORY,
+            num_replicas=self.replicas, max_age=self.max_age_s, max_bytes=self.max_bytes)
+
+    def consumer_config(self) -> ConsumerConfig:
+        return ConsumerConfig(
+            durable_name=work_consumer(self.pool), ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s, max_deliver=self.max_deliver,
+            max_ack_pending=self.max_ack_pending, filter_subject=work_subjects(self.pool))
+
+
+class StreamMismatch(RuntimeError):
+    """An existing stream was declared differently; Heron reports it instead of guessing."""
+
+
+_COMPARED = ("subjects", "retention", "storage", "num_replicas", "max_age", "discard")
+
+
+async def ensure_work_stream(js: JetStreamContext, spec: WorkStreamSpec) -> None:
+    """Create the pool's stream and consumer if missing; fail loudly on a mismatch."""
+    wanted = spec.stream_config()
+    try:
+        info = await js.stream_info(wanted.name)
+    except NotFoundError:
+        await js.add_stream(wanted)
+    else:
+        diffs = {f: (getattr(info.config, f), getattr(wanted, f)) for f in _COMPARED
+                 if _norm(getattr(info.config, f)) != _norm(getattr(wanted, f))}
+        if diffs:
+            detail = ", ".join(f"{k}: has {have!r}, wanted {want!r}"
+                               for k, (have, want) in diffs.items())
+            raise StreamMismatch(f"stream {wanted.name} exists with other settings ({detail});"
+                                 " delete it or align the configuration")
+    await js.add_consumer(wanted.name, spec.consumer_config())
+
+
+async def ensure_dlq_stream(js: JetStreamContext, file_storage: bool = True) -> None:
+    config = StreamConfig(name=DLQ_STREAM, subjects=["heron.dlq.>"],
+                          retention=RetentionPolicy.LIMITS,
+                          storage=StorageType.FILE if file_storage else StorageType.MEMORY,
+                          max_age=7 * 24 * 3600.0)
+    try:
+        await js.stream_info(DLQ_STREAM)
+    except NotFoundError:
+        await js.add_stream(config)
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, list):
+        return sorted(value)
+    if isinstance(value, float):
+        return round(value, 3)
+    return getattr(value, "value", value)
+
+
+# ---- work items and results -------------------------------------------------------------
+# A work item is one JetStream message: the Header.* fields above, and a msgpack body that
+# is the inference request's wire form (EncodeRequest/ScoreRequest/ExtractRequest.to_wire())
+# holding only this item's slice of the request's items (score: top_k left out; the gateway
+# ranks the whole request). Its result is one NATS Core message to Header.REPLY:
+#   {"request_id", "start", "count", "body": <the worker's response body for the slice>}
+# or, when the whole slice failed, {"request_id", "start", "count", "error": {code, message}}.
+# Both may carry "timings": {"queue", "tokenize", "inference"} in seconds.
+
+MAX_ITEMS_PER_WORK_ITEM = 64
+MAX_TOKENS_PER_WORK_ITEM = 8192  # estimated at the gateway as characters / 4
+
+
+def work_headers(*, request_id: str, task: str, model: str, reply: str, start: int,
+                 count: int, deadline: float | None, priority: int) -> dict[str, str]:
+    headers = {Header.REQUEST_ID: request_id, Header.TASK: task, Header.MODEL: model,
+               Header.REPLY: reply, Header.START: str(start), Header.COUNT: str(count),
+               Header.PRIORITY: str(priority)}
+    if deadline is not None:
+        headers[Header.DEADLINE] = f"{deadline:.6f}"
+    return headers
+
+
+def result_message(request_id: str, start: int, count: int, *,
+                   body: dict[str, Any] | None = None, error: dict[str, Any] | None = None,
+                   timings: dict[str, float] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"request_id": request_id, "start": start, "count": count}
+    if error is not None:
+        out["error"] = error
+    else:
+        out["body"] = body
+    if timings:
+        out["timings"] = timings
+    return out
