@@ -1,0 +1,1 @@
+"""Heron gateway: stateless HTTP edge that routes work through NATS JetStream."""
