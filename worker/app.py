@@ -23,10 +23,10 @@ from starlette.routing import Route
 from sdk import wire
 from sdk.errors import HeronError
 from sdk.modelconfig import Bundle, ModelConfig
+from sdk.openai_compat import embeddings_response, parse_embeddings_request
 from sdk.server import EXCEPTION_HANDLERS, read_body, respond
 from sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
 from worker.metrics import WorkerMetrics
-from worker.openai_compat import embeddings_response, parse_embeddings_request
 from worker.registry import LoadState, ModelEntry, ModelRegistry
 from worker.service import InferenceService, Outcome
 

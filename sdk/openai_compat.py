@@ -1,4 +1,4 @@
-"""OpenAI-compatible ``POST /v1/embeddings`` on top of the InferenceService."""
+"""OpenAI-compatible `POST /v1/embeddings` bodies: parsing and answers (worker and gateway)."""
 
 from __future__ import annotations
 
