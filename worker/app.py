@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -26,6 +27,7 @@ from sdk.modelconfig import Bundle, ModelConfig
 from sdk.openai_compat import embeddings_response, parse_embeddings_request
 from sdk.server import EXCEPTION_HANDLERS, read_body, respond
 from sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
+from worker.cluster import WorkerCluster
 from worker.metrics import WorkerMetrics
 from worker.registry import LoadState, ModelEntry, ModelRegistry
 from worker.service import InferenceService, Outcome
@@ -33,24 +35,46 @@ from worker.service import InferenceService, Outcome
 log = logging.getLogger("heron.worker")
 
 
+@dataclass(frozen=True, slots=True)
+class QueueMode:
+    """Cluster mode: also pull work from the pool's JetStream consumer."""
+
+    nats_url: str
+    pool: str
+    worker_id: str
+    address: str = ""  # where this worker's own HTTP API listens (for status)
+
+
 class WorkerApp:
     def __init__(self, bundle: Bundle, *, device: str | None = None,
-                 extra_models: list[ModelConfig] | None = None) -> None:
+                 extra_models: list[ModelConfig] | None = None,
+                 queue: QueueMode | None = None) -> None:
         self.metrics = WorkerMetrics()
         self.registry = ModelRegistry(bundle, device=device, extra_models=extra_models,
                                       on_batch=self.metrics.observe_batch)
         self.service = InferenceService(self.registry)
+        self.queue = queue
+        self.cluster: WorkerCluster | None = None
         self._load_task: asyncio.Task | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         # Load in the background: /healthz answers at once, /readyz once models are warm.
         self._load_task = asyncio.get_running_loop().create_task(self.registry.load_all())
+        if self.queue is not None:
+            self.cluster = WorkerCluster(self.queue, self.registry, self.service)
+            await self.cluster.start(self._load_task)
         try:
             yield
         finally:
+            if self.cluster is not None:
+                await self.cluster.stop()  # drain: finish and ack what it holds
             self._load_task.cancel()
             await self.registry.close()
+
+    @property
+    def ready(self) -> bool:
+        return self.registry.ready and (self.cluster is None or self.cluster.connected)
 
     # ---- inference routes ------------------------------------------------------------------
     async def _inference(self, request: Request, route: str,
@@ -142,10 +166,15 @@ class WorkerApp:
 
     async def readyz(self, request: Request) -> Response:
         states = {e.config.id: e.state.value for e in self.registry.entries()}
-        ready = self.registry.ready
+        ready = self.ready
         failed = any(e.state is LoadState.FAILED for e in self.registry.entries())
-        body = {"status": "ready" if ready else ("failed" if failed else "loading"),
-                "models": states}
+        body: dict[str, Any] = {
+            "status": "ready" if ready else ("failed" if failed else "loading"),
+            "models": states}
+        if self.cluster is not None:
+            body["nats"] = "connected" if self.cluster.connected else "disconnected"
+            if self.registry.ready and not self.cluster.connected:
+                body["status"] = "disconnected"
         return JSONResponse(body, status_code=200 if ready else 503,
                             headers=None if ready else {"Retry-After": "2"})
 
@@ -174,5 +203,6 @@ class WorkerApp:
 
 
 def create_app(bundle: Bundle, *, device: str | None = None,
-               extra_models: list[ModelConfig] | None = None) -> Starlette:
-    return WorkerApp(bundle, device=device, extra_models=extra_models).build()
+               extra_models: list[ModelConfig] | None = None,
+               queue: QueueMode | None = None) -> Starlette:
+    return WorkerApp(bundle, device=device, extra_models=extra_models, queue=queue).build()

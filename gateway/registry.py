@@ -1,0 +1,176 @@
+"""The gateway's model registry: model name or alias -> (model id, bundle, pool).
+
+The data comes from a ``RegistrySource``. Until the config service (#4) exists that is
+``BundleDirSource`` (bundle YAMLs under bundles/, read once at start); #4 swaps the source,
+not the callers. The registry also knows what each adapter can do, so requests a model can
+never serve are answered here (404/422) without reaching a worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sdk.errors import ErrorCode, HeronError
+from sdk.modelconfig import Bundle, ConfigError, ModelConfig, load_bundle
+from sdk.types import EncodeRequest
+
+# What each adapter serves (worker/adapters/*: ``task`` and ``output_types``). Dense models
+# also score (bi-encoder cosine); the first task is the adapter's own.
+ADAPTER_TASKS: dict[str, tuple[str, ...]] = {
+    "dense": ("encode", "score"),
+    "sparse": ("encode",),
+    "multi_vector": ("encode",),
+    "cross_encoder": ("score",),
+    "token_classifier": ("extract",),
+}
+ADAPTER_OUTPUT_TYPES: dict[str, frozenset[str]] = {
+    "dense": frozenset({"dense"}),
+    "sparse": frozenset({"sparse"}),
+    "multi_vector": frozenset({"multi_vector", "dense"}),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    """Where requests for one model go."""
+
+    config: ModelConfig
+    bundle: str
+    pool: str
+
+    @property
+    def model_id(self) -> str:
+        return self.config.id
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return ADAPTER_TASKS[self.config.adapter]
+
+    @property
+    def output_types(self) -> frozenset[str]:
+        return ADAPTER_OUTPUT_TYPES.get(self.config.adapter, frozenset())
+
+
+@dataclass(frozen=True, slots=True)
+class PoolBundle:
+    """A bundle and the pool of workers that serves it."""
+
+    bundle: Bundle
+    pool: str
+
+
+class RegistrySource(Protocol):
+    """Where the registry's data comes from (bundle files now, the config service with #4)."""
+
+    def load(self) -> list[PoolBundle]: ...
+
+
+class BundleDirSource:
+    """Bundles read from YAML files: ``pools`` maps bundle name (or path) -> pool name."""
+
+    def __init__(self, pools: Mapping[str, str], bundles_dir: Path | None = None) -> None:
+        self.pools = dict(pools)
+        self.bundles_dir = bundles_dir
+
+    def load(self) -> list[PoolBundle]:
+        return [PoolBundle(load_bundle(name, self.bundles_dir), pool)
+                for name, pool in self.pools.items()]
+
+
+class ModelRegistry:
+    def __init__(self, source: RegistrySource) -> None:
+        self.source = source
+        self._routes: dict[str, ModelRoute] = {}  # id and every alias -> route
+        self._models: list[ModelRoute] = []
+        self._pools: dict[str, str] = {}  # pool -> bundle name
+        self.loaded = False
+
+    def load(self) -> None:
+        """Read the source; a pool claimed by two bundles or a name in two bundles is a
+        ConfigError (the gateway could not know where to send it)."""
+        routes: dict[str, ModelRoute] = {}
+        models: list[ModelRoute] = []
+        pools: dict[str, str] = {}
+        for entry in self.source.load():
+            name = entry.bundle.name
+            if entry.pool in pools and pools[entry.pool] != name:
+                raise ConfigError(entry.bundle.source or name, "pool",
+                                  f"pool {entry.pool!r} already serves bundle "
+                                  f"{pools[entry.pool]!r}; a pool serves one bundle")
+            pools[entry.pool] = name
+            for config in entry.bundle.models:
+                route = ModelRoute(config, name, entry.pool)
+                for key in (config.id, *config.aliases):
+                    if key in routes and routes[key].model_id != config.id:
+                        raise ConfigError(entry.bundle.source or name, "models",
+                                          f"{key!r} is served by bundles "
+                                          f"{routes[key].bundle!r} and {name!r}")
+                    routes[key] = route
+                models.append(route)
+        self._routes, self._models, self._pools = routes, models, pools
+        self.loaded = True
+
+    # ---- lookups -------------------------------------------------------------------------
+    def pools(self) -> dict[str, str]:
+        """pool -> bundle name, for every pool the gateway routes to."""
+        return dict(self._pools)
+
+    def models(self) -> list[ModelRoute]:
+        return list(self._models)
+
+    def canonical_id(self, name: str) -> str | None:
+        route = self._routes.get(name)
+        return None if route is None else route.model_id
+
+    def resolve(self, name: str) -> ModelRoute:
+        route = self._routes.get(name)
+        if route is None:
+            raise HeronError(ErrorCode.MODEL_NOT_FOUND,
+                             f"model {name!r} is not served here; GET /v1/models lists "
+                             "what is")
+        return route
+
+    def route_for(self, name: str, task: str) -> ModelRoute:
+        """The route of a model that can run ``task`` (404 unknown, 422 wrong task)."""
+        route = self.resolve(name)
+        if task not in route.tasks:
+            raise HeronError(ErrorCode.UNSUPPORTED_TASK,
+                             f"model {route.model_id} does not support {task}; "
+                             f"it serves {route.tasks[0]}")
+        return route
+
+
+def check_encode_outputs(route: ModelRoute, req: EncodeRequest) -> None:
+    """The output checks a worker would make that need only the model's adapter (the same
+    codes and messages as worker/service.py). Checks needing the weights (``dims`` over the
+    hidden size, ``truncate: false`` on a too-long text) stay with the worker."""
+    supported = route.output_types
+    unsupported = [t for t in req.output_types if t not in supported]
+    if unsupported:
+        raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
+                         f"output_types: model {route.model_id} does not produce "
+                         f"{unsupported}; it supports {sorted(supported)}",
+                         field="output_types")
+    if "sparse" in req.output_types and req.output_dtype not in ("float32", "float16"):
+        raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
+                         "output_dtype: sparse outputs are float32 or float16",
+                         field="output_dtype")
+
+
+def describe(route: ModelRoute, state: str) -> dict[str, Any]:
+    """A model as GET /v1/models shows it (the worker's shape, plus pool and bundle)."""
+    config = route.config
+    out: dict[str, Any] = {"id": config.id, "object": "model", "owned_by": "heron",
+                           "adapter": config.adapter, "aliases": list(config.aliases),
+                           "task": route.tasks[0], "tasks": list(route.tasks),
+                           "bundle": route.bundle, "pool": route.pool, "state": state}
+    if route.output_types:
+        out["output_types"] = sorted(route.output_types)
+    if config.profile.max_sequence_length is not None:
+        out["max_sequence_length"] = config.profile.max_sequence_length
+    if config.description:
+        out["description"] = config.description
+    return out

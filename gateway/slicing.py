@@ -1,0 +1,114 @@
+"""Split a request's items into work items sized for the workers' batcher.
+
+Each work item is one JetStream message. Bounds: items, estimated tokens (characters / 4,
+the gateway has no tokenizer) and bytes (NATS max_payload). Neither one message per item
+(per-message overhead dominates) nor one giant message (one worker would get all of it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sdk import wire
+from sdk.errors import ErrorCode, HeronError
+from sdk.types import Item
+
+CHARS_PER_TOKEN = 4
+# msgpack framing of one item ({"text", "id"} map, string headers), rounded up.
+ITEM_OVERHEAD_BYTES = 24
+# Headers (request id, reply subject, deadline, ...) and the request's other fields.
+MESSAGE_OVERHEAD_BYTES = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Items ``start .. start + count - 1`` of a request."""
+
+    start: int
+    count: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.count
+
+
+def estimate_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def item_bytes(item: Item) -> int:
+    size = len(item.text.encode()) + ITEM_OVERHEAD_BYTES
+    return size if item.id is None else size + len(item.id.encode())
+
+
+def plan_slices(items: Sequence[Item], *, max_items: int, max_tokens: int, max_bytes: int,
+                shared_text: str = "") -> list[Slice]:
+    """Greedy slices under every bound. ``shared_text`` travels with every slice (the score
+    query, an instruction): it counts against each slice's bytes, and, as a cross-encoder
+    reads it with every item, against each item's tokens.
+
+    When only the item bound binds, slices come out even (150 items at 64 -> 50/50/50, not
+    64/64/22), so a pool's workers get equal shares. One item over the token bound still goes
+    (alone); one item that cannot fit a NATS message is a 413.
+    """
+    if not items:
+        return []
+    shared_bytes = len(shared_text.encode()) + MESSAGE_OVERHEAD_BYTES
+    shared_tokens = estimate_tokens(shared_text) if shared_text else 0
+    budget = max_bytes - shared_bytes
+    per_slice = math.ceil(len(items) / math.ceil(len(items) / max_items))
+    slices: list[Slice] = []
+    start = count = tokens = size = 0
+    for index, item in enumerate(items):
+        item_tokens = estimate_tokens(item.text) + shared_tokens
+        item_size = item_bytes(item)
+        if item_size > budget:
+            raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
+                             f"items[{index}]: {item_size} bytes is over the cluster's "
+                             f"per-message limit of {budget} bytes (NATS max_payload)",
+                             field=f"items[{index}]")
+        if count and (count >= per_slice or tokens + item_tokens > max_tokens
+                      or size + item_size > budget):
+            slices.append(Slice(start, count))
+            start, count, tokens, size = index, 0, 0, 0
+        count += 1
+        tokens += item_tokens
+        size += item_size
+    slices.append(Slice(start, count))
+    return slices
+
+
+def encode_slices(wire_body: dict[str, Any], slices: Sequence[Slice], max_bytes: int,
+                  ) -> list[tuple[Slice, bytes]]:
+    """msgpack bodies of each slice: the request's wire form with only that slice's items.
+
+    Byte estimates are estimates: a slice whose encoded body still passes ``max_bytes`` is
+    halved until it fits (a single item that does not fit was refused by plan_slices).
+    """
+    items = wire_body["items"]
+    out: list[tuple[Slice, bytes]] = []
+
+    def emit(piece: Slice) -> None:
+        payload = wire.encode({**wire_body, "items": items[piece.start:piece.stop]},
+                              wire.MSGPACK)
+        if len(payload) > max_bytes and piece.count > 1:
+            half = piece.count // 2
+            emit(Slice(piece.start, half))
+            emit(Slice(piece.start + half, piece.count - half))
+            return
+        if len(payload) > max_bytes:
+            raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
+                             f"items[{piece.start}]: {len(payload)} bytes is over the "
+                             f"cluster's per-message limit of {max_bytes} bytes",
+                             field=f"items[{piece.start}]")
+        out.append((piece, payload))
+
+    for piece in slices:
+        emit(piece)
+    return out
+
+
+TokenEstimator = Callable[[str], int]

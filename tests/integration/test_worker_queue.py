@@ -1,0 +1,202 @@
+"""`heron worker` in queue mode, driven the way a gateway drives it: work items on the
+pool's JetStream stream, results on a NATS inbox (real nats-server, real worker process)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import nats
+import numpy as np
+import pytest
+
+from sdk import wire
+from sdk.cluster import (
+    STATUS_WILDCARD,
+    WorkStreamSpec,
+    ensure_work_stream,
+    work_headers,
+    work_stream,
+    work_subject,
+)
+from sdk.types import EncodeRequest, Item
+from tests.nats_server import NatsServer
+from tests.servers import REPO, free_port
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class WorkerProcess:
+    def __init__(self, nats_url: str, pool: str, log_dir: Path) -> None:
+        self.port = free_port()
+        self.worker_id = f"w-{self.port}"
+        self.log_path = log_dir / f"worker-{self.port}.log"
+        cmd = [sys.executable, "-m", "heron.cli", "worker", "--nats", nats_url, "--pool", pool,
+               "--bundle", "default", "--port", str(self.port), "--worker-id", self.worker_id,
+               "--log-level", "warning"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log_path.read_text()
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(self.log_path.read_text())
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+@pytest.fixture()
+def pool() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture()
+def worker(nats_server: NatsServer, pool: str, tmp_path: Path) -> Iterator[WorkerProcess]:
+    w = WorkerProcess(nats_server.url, pool, tmp_path)
+    w.wait_ready()
+    yield w
+    w.stop()
+
+
+async def _roundtrip(nats_url: str, pool: str, requests: list[tuple[str, dict, float | None]],
+                     timeout_s: float = 60, allow_partial: bool = False) -> dict[str, dict]:
+    """Publish (request_id, wire body, deadline) encode work items; collect results."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await ensure_work_stream(js, WorkStreamSpec(pool=pool))
+    results: dict[str, dict] = {}
+    done = asyncio.Event()
+
+    received = 0
+
+    async def on_result(msg) -> None:
+        nonlocal received
+        received += 1
+        body = wire.decode(msg.data, wire.MSGPACK)
+        results[body["request_id"]] = body
+        if len(results) == len(requests):
+            done.set()
+
+    inbox = f"_INBOX.heron.test{uuid.uuid4().hex[:6]}"
+    await nc.subscribe(inbox + ".>", cb=on_result)
+    for request_id, body, deadline in requests:
+        headers = work_headers(request_id=request_id, task="encode", model=MINILM,
+                               reply=f"{inbox}.{request_id}", start=0,
+                               count=len(body.get("items", [])), deadline=deadline, priority=0)
+        await js.publish(work_subject(pool, MINILM), wire.encode(body, wire.MSGPACK),
+                         headers=headers)
+    try:
+        await asyncio.wait_for(done.wait(), timeout_s)
+    except TimeoutError:
+        if not allow_partial:
+            raise
+    finally:
+        left = (await js.stream_info(work_stream(pool))).state.messages
+        await nc.close()
+    results["_left_in_stream"] = {"messages": left, "received": received}
+    return results
+
+
+def test_queue_mode_answers_like_single_node(worker: WorkerProcess, nats_server: NatsServer,
+                                             pool: str, http: httpx.Client) -> None:
+    texts = ["queue mode works", "over JetStream", "and a NATS inbox"]
+    body = EncodeRequest(items=[Item(t, id=str(i)) for i, t in enumerate(texts)]).to_wire()
+    results = asyncio.run(_roundtrip(nats_server.url, pool, [("r1", body, None)]))
+    got = results["r1"]
+    assert got["start"] == 0 and got["count"] == 3 and "error" not in got
+    vectors = np.stack([i["dense"] for i in got["body"]["items"]])
+    expected = http.post("/v1/encode/minilm", json={"items": texts}).json()
+    np.testing.assert_allclose(vectors, [i["dense"] for i in expected["items"]], atol=2e-5)
+    assert [i["id"] for i in got["body"]["items"]] == ["0", "1", "2"]
+    assert results["_left_in_stream"]["messages"] == 0  # acked: work-queue retention
+
+
+def test_expired_and_bad_work_items_are_answered_not_computed(
+        worker: WorkerProcess, nats_server: NatsServer, pool: str) -> None:
+    requests = [("late", {"items": ["too late"]}, time.time() - 1),
+                ("bad", {"items": []}, None),
+                ("ok", {"items": ["fine"]}, time.time() + 30)]
+    results = asyncio.run(_roundtrip(nats_server.url, pool, requests))
+    assert results["late"]["error"]["code"] == "DEADLINE_EXCEEDED"
+    assert results["bad"]["error"]["code"] == "INVALID_FIELD"
+    assert len(results["ok"]["body"]["items"]) == 1
+    assert results["_left_in_stream"]["messages"] == 0
+    metrics = httpx.get(worker.url + "/metrics").text
+    # Only the good item reached the model (+1 warm-up batch is not counted as items).
+    line = next(x for x in metrics.splitlines()
+                if x.startswith("heron_worker_items_total") and MINILM in x)
+    assert float(line.split()[-1]) == 1.0
+
+
+def test_heartbeats_describe_the_worker(worker: WorkerProcess, nats_server: NatsServer,
+                                        pool: str) -> None:
+    async def first_beat() -> dict:
+        nc = await nats.connect(nats_server.url)
+        got: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def on_beat(msg) -> None:
+            beat = wire.decode(msg.data, wire.MSGPACK)
+            if beat["pool"] == pool and not got.done():
+                got.set_result((msg.subject, beat))
+
+        await nc.subscribe(STATUS_WILDCARD, cb=on_beat)
+        try:
+            return await asyncio.wait_for(got, 5)
+        finally:
+            await nc.close()
+
+    subject, beat = asyncio.run(first_beat())
+    assert subject == f"heron.status.{pool}.{worker.worker_id}"
+    assert beat["ready"] is True and beat["bundle"] == "default"
+    assert beat["models"] == {MINILM: "ready"} and len(beat["bundle_hash"]) == 64
+    assert beat["memory_rss"] > 0 and beat["address"] == worker.url
+
+
+def test_sigterm_drains_and_exits_cleanly(nats_server: NatsServer, pool: str,
+                                          tmp_path: Path) -> None:
+    w = WorkerProcess(nats_server.url, pool, tmp_path)
+    w.wait_ready()
+    texts = [f"drain item {i} " * 8 for i in range(64)]
+
+    async def run() -> dict:
+        task = asyncio.create_task(_roundtrip(
+            nats_server.url, pool,
+            [(f"r{i}", {"items": texts[i: i + 8]}, None) for i in range(0, 64, 8)],
+            timeout_s=20, allow_partial=True))
+        await asyncio.sleep(0.3)  # work is in flight
+        w.proc.send_signal(signal.SIGTERM)
+        return await task
+
+    results = asyncio.run(run())
+    assert w.proc.wait(60) in (0, -signal.SIGTERM)
+    answered = {k: v for k, v in results.items() if k != "_left_in_stream"}
+    # Everything it took was finished and answered; the rest is still queued, not lost.
+    assert all("error" not in r for r in answered.values())
+    stats = results["_left_in_stream"]
+    assert stats["received"] == len(answered)  # no result twice
+    assert len(answered) + stats["messages"] == 8  # answered or still queued: none lost

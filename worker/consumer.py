@@ -1,0 +1,189 @@
+"""WorkConsumer: the worker's queue mode. Pulls work items from the pool's durable JetStream
+consumer and feeds them through the same InferenceService (and batcher) as the HTTP API.
+
+Delivery rules (see sdk/cluster.py for the names and the message format):
+- ack only after the result is published to the caller's inbox;
+- model not loaded yet, or its queue full: start the load and ``nak(delay)``;
+- ``in_progress()`` every half ack-wait while an item computes, so a live worker's items
+  are never redelivered and a dead worker's come back within one ack wait;
+- the last allowed delivery that still cannot run goes to the dead-letter stream and the
+  caller gets an error;
+- a deadline already passed: acked and answered with DEADLINE_EXCEEDED, never computed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+
+from sdk import wire
+from sdk.cluster import (
+    Header,
+    WorkStreamSpec,
+    dlq_subject,
+    ensure_dlq_stream,
+    ensure_work_stream,
+    result_message,
+    work_consumer,
+    work_stream,
+)
+from sdk.errors import ErrorCode, HeronError
+from sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
+from worker.service import InferenceService, Outcome
+
+log = logging.getLogger("heron.worker.consumer")
+
+_PARSERS = {"encode": EncodeRequest.from_wire, "score": ScoreRequest.from_wire,
+            "extract": ExtractRequest.from_wire}
+_RETRY_LATER = (ErrorCode.MODEL_LOADING, ErrorCode.QUEUE_FULL)
+
+
+class WorkConsumer:
+    def __init__(self, nc: NATS, service: InferenceService, spec: WorkStreamSpec, *,
+                 fetch_batch: int = 32, max_in_flight: int = 128) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.service = service
+        self.spec = spec
+        self.fetch_batch = fetch_batch
+        self.max_in_flight = max_in_flight
+        self._in_flight: set[asyncio.Task] = set()
+        self._room = asyncio.Semaphore(max_in_flight)
+        self._task: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
+        self.handled = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def start(self) -> None:
+        await ensure_work_stream(self.js, self.spec)
+        await ensure_dlq_stream(self.js)
+        self._sub = await self.js.pull_subscribe_bind(durable=work_consumer(self.spec.pool),
+                                                      stream=work_stream(self.spec.pool))
+        self._task = asyncio.get_running_loop().create_task(self._fetch_loop())
+
+    async def drain(self, timeout_s: float = 60.0) -> None:
+        """Stop fetching, finish (and ack) everything already held."""
+        self._stopping.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._in_flight:
+            await asyncio.wait(self._in_flight, timeout=timeout_s)
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
+
+    # ---- fetching ------------------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        while not self._stopping.is_set():
+            await self._room.acquire()  # at least one slot before asking for more work
+            want = 1
+            while want < self.fetch_batch and not self._room.locked():
+                await self._room.acquire()
+                want += 1
+            try:
+                msgs = await self._sub.fetch(batch=want, timeout=1.0)
+            except (NatsTimeoutError, TimeoutError):
+                msgs = []
+            except Exception as exc:  # disconnected: nats-py reconnects; try again soon
+                log.warning("fetch failed: %s", exc)
+                msgs = []
+                await asyncio.sleep(0.5)
+            for _ in range(want - len(msgs)):
+                self._room.release()
+            for msg in msgs:
+                task = asyncio.get_running_loop().create_task(self._handle(msg))
+                self._in_flight.add(task)
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._in_flight.discard(task)
+        self._room.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("work item handler failed: %r", task.exception())
+
+    # ---- one work item -----------------------------------------------------------------
+    async def _handle(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        request_id = headers.get(Header.REQUEST_ID, "")
+        reply = headers.get(Header.REPLY)
+        start = int(headers.get(Header.START, "0"))
+        count = int(headers.get(Header.COUNT, "0"))
+        deadline = float(headers[Header.DEADLINE]) if Header.DEADLINE in headers else None
+
+        async def answer(*, body: dict[str, Any] | None = None,
+                         error: HeronError | None = None,
+                         timings: dict[str, float] | None = None) -> None:
+            if reply:
+                message = result_message(request_id, start, count, body=body,
+                                         error=None if error is None else
+                                         error.to_body()["error"], timings=timings)
+                await self.nc.publish(reply, wire.encode(message, wire.MSGPACK))
+            await msg.ack()
+            self.handled += 1
+
+        if deadline is not None and time.time() >= deadline:
+            await answer(error=HeronError(ErrorCode.DEADLINE_EXCEEDED,
+                                          "deadline passed before a worker took the work"))
+            return
+        keep_alive = asyncio.get_running_loop().create_task(self._keep_alive(msg))
+        try:
+            outcome = await self._run(headers, msg.data, deadline)
+        except HeronError as exc:
+            if exc.code in _RETRY_LATER:
+                await self._retry_later(msg, exc, answer)
+            else:
+                await answer(error=exc)
+            return
+        except Exception as exc:  # a bug must not lose the item: answer with an error
+            log.exception("work item %s failed", request_id)
+            await answer(error=HeronError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+            return
+        finally:
+            keep_alive.cancel()
+        t = outcome.timings
+        await answer(body=outcome.body, timings={"tokenize": t.tokenize, "queue": t.queue,
+                                                 "inference": t.inference})
+
+    async def _run(self, headers: dict[str, str], data: bytes,
+                   deadline: float | None) -> Outcome:
+        task = headers.get(Header.TASK, "")
+        parse = _PARSERS.get(task)
+        if parse is None:
+            raise HeronError(ErrorCode.MALFORMED_BODY, f"unknown task {task!r}")
+        request = parse(wire.decode(data, wire.MSGPACK))
+        request.options.priority = int(headers.get(Header.PRIORITY, request.options.priority))
+        if deadline is not None:  # the batcher drops it if it expires while queued
+            request.options.timeout_s = max(0.001, deadline - time.time())
+        model = headers.get(Header.MODEL, "")
+        call = {"encode": self.service.encode, "score": self.service.score,
+                "extract": self.service.extract}[task]
+        return await call(model, request)
+
+    async def _retry_later(self, msg: Msg, exc: HeronError, answer: Any) -> None:
+        delivered = msg.metadata.num_delivered if msg.metadata else 1
+        if delivered >= self.spec.max_deliver:
+            # Out of deliveries: keep the item for inspection and tell the caller.
+            await self.js.publish(dlq_subject(self.spec.pool), msg.data, headers=msg.headers)
+            await answer(error=HeronError(
+                exc.code, f"{exc.message} (gave up after {delivered} deliveries)",
+                retry_after_s=exc.retry_after_s))
+            return
+        await msg.nak(delay=exc.retry_after_s or 1.0)
+
+    async def _keep_alive(self, msg: Msg) -> None:
+        while True:
+            await asyncio.sleep(self.spec.ack_wait_s / 2)
+            with contextlib.suppress(Exception):
+                await msg.in_progress()

@@ -1,0 +1,60 @@
+"""StatusPublisher: the worker's heartbeat, once a second on heron.status.<pool>.<worker>.
+
+The gateway counts a worker as capacity only while its beats are fresh and say ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+from nats.aio.client import Client as NATS
+
+from sdk import wire
+from sdk.cluster import status_subject
+
+HEARTBEAT_INTERVAL_S = 1.0
+
+
+class StatusPublisher:
+    def __init__(self, nc: NATS, *, pool: str, worker_id: str,
+                 snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.nc = nc
+        self.subject = status_subject(pool, worker_id)
+        self.pool = pool
+        self.worker_id = worker_id
+        self._snapshot = snapshot
+        self._process = psutil.Process(os.getpid())
+        self._task: asyncio.Task | None = None
+
+    def beat(self, *, ready_override: bool | None = None) -> dict[str, Any]:
+        status = {"worker_id": self.worker_id, "pool": self.pool, "ts": time.time(),
+                  "memory_rss": self._process.memory_info().rss, **self._snapshot()}
+        if ready_override is not None:
+            status["ready"] = ready_override
+        return status
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # NATS down: the next beat will tell
+                await self.nc.publish(self.subject, wire.encode(self.beat(), wire.MSGPACK))
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+    async def stop(self) -> None:
+        """Stop beating and say so at once, so gateways stop routing here."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        with contextlib.suppress(Exception):
+            await self.nc.publish(self.subject,
+                                  wire.encode(self.beat(ready_override=False), wire.MSGPACK))
+            await self.nc.flush(timeout=1)
