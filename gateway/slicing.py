@@ -8,7 +8,7 @@ the gateway has no tokenizer) and bytes (NATS max_payload). Neither one message 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,9 @@ from sdk.types import Item
 CHARS_PER_TOKEN = 4
 # msgpack framing of one item ({"text", "id"} map, string headers), rounded up.
 ITEM_OVERHEAD_BYTES = 24
-# Headers (request id, reply subject, deadline, ...) and the request's other fields.
+# Room for a work item's headers (request id, reply subject, deadline, ...; ~300 bytes).
+HEADER_BYTES = 1024
+# Headers plus the request's other fields (options, output types, ...).
 MESSAGE_OVERHEAD_BYTES = 2048
 
 
@@ -44,7 +46,7 @@ def item_bytes(item: Item) -> int:
     return size if item.id is None else size + len(item.id.encode())
 
 
-def plan_slices(items: Sequence[Item], *, max_items: int, max_tokens: int, max_bytes: int,
+def plan_slices(items: Sequence[Item], *, max_items: int, max_tokens: int, max_payload: int,
                 shared_text: str = "") -> list[Slice]:
     """Greedy slices under every bound. ``shared_text`` travels with every slice (the score
     query, an instruction): it counts against each slice's bytes, and, as a cross-encoder
@@ -58,7 +60,7 @@ def plan_slices(items: Sequence[Item], *, max_items: int, max_tokens: int, max_b
         return []
     shared_bytes = len(shared_text.encode()) + MESSAGE_OVERHEAD_BYTES
     shared_tokens = estimate_tokens(shared_text) if shared_text else 0
-    budget = max_bytes - shared_bytes
+    budget = max_payload - shared_bytes
     per_slice = math.ceil(len(items) / math.ceil(len(items) / max_items))
     slices: list[Slice] = []
     start = count = tokens = size = 0
@@ -81,14 +83,15 @@ def plan_slices(items: Sequence[Item], *, max_items: int, max_tokens: int, max_b
     return slices
 
 
-def encode_slices(wire_body: dict[str, Any], slices: Sequence[Slice], max_bytes: int,
+def encode_slices(wire_body: dict[str, Any], slices: Sequence[Slice], max_payload: int,
                   ) -> list[tuple[Slice, bytes]]:
     """msgpack bodies of each slice: the request's wire form with only that slice's items.
 
-    Byte estimates are estimates: a slice whose encoded body still passes ``max_bytes`` is
-    halved until it fits (a single item that does not fit was refused by plan_slices).
+    Byte estimates are estimates: a slice whose encoded body and headers still pass
+    ``max_payload`` is halved until it fits (plan_slices refused single items that cannot).
     """
     items = wire_body["items"]
+    max_bytes = max_payload - HEADER_BYTES
     out: list[tuple[Slice, bytes]] = []
 
     def emit(piece: Slice) -> None:
@@ -110,5 +113,3 @@ def encode_slices(wire_body: dict[str, Any], slices: Sequence[Slice], max_bytes:
         emit(piece)
     return out
 
-
-TokenEstimator = Callable[[str], int]

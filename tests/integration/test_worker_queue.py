@@ -148,9 +148,7 @@ def test_expired_and_bad_work_items_are_answered_not_computed(
     assert results["_left_in_stream"]["messages"] == 0
     metrics = httpx.get(worker.url + "/metrics").text
     # Only the good item reached the model (+1 warm-up batch is not counted as items).
-    line = next(x for x in metrics.splitlines()
-                if x.startswith("heron_worker_items_total") and MINILM in x)
-    assert float(line.split()[-1]) == 1.0
+    assert items_done(metrics) == 1.0
 
 
 def test_heartbeats_describe_the_worker(worker: WorkerProcess, nats_server: NatsServer,
@@ -200,3 +198,47 @@ def test_sigterm_drains_and_exits_cleanly(nats_server: NatsServer, pool: str,
     stats = results["_left_in_stream"]
     assert stats["received"] == len(answered)  # no result twice
     assert len(answered) + stats["messages"] == 8  # answered or still queued: none lost
+
+
+def items_done(metrics: str) -> float:
+    return sum(float(x.split()[-1]) for x in metrics.splitlines()
+               if x.startswith("heron_worker_items_total") and MINILM in x)
+
+
+@pytest.mark.slow
+def test_two_workers_share_work_and_survive_kill_9(nats_server: NatsServer, pool: str,
+                                                   tmp_path: Path, http: httpx.Client) -> None:
+    """500 single-item requests; one of two workers is killed -9 mid-way. Every request is
+    answered with the right vector (the dead worker's items come back after the ack wait)."""
+    a, b = WorkerProcess(nats_server.url, pool, tmp_path), WorkerProcess(nats_server.url, pool,
+                                                                          tmp_path)
+    try:
+        a.wait_ready()
+        b.wait_ready()
+        texts = [f"request {i} about herons" for i in range(500)]
+
+        async def run() -> dict:
+            task = asyncio.create_task(_roundtrip(
+                nats_server.url, pool, [(f"r{i}", {"items": [t]}, None)
+                                        for i, t in enumerate(texts)], timeout_s=90))
+            await asyncio.sleep(1.0)
+            async with httpx.AsyncClient() as client:
+                done_by_a = items_done((await client.get(a.url + "/metrics")).text)
+            a.proc.send_signal(signal.SIGKILL)
+            return {**await task, "_a": {"items": done_by_a}}
+
+        results = asyncio.run(run())
+        assert a.proc.wait(10) == -signal.SIGKILL
+        answered = {k: v for k, v in results.items() if not k.startswith("_")}
+        assert len(answered) == 500 and all("error" not in r for r in answered.values())
+        for i in (0, 137, 499):
+            want = http.post("/v1/encode/minilm", json={"items": [texts[i]]}).json()
+            np.testing.assert_allclose(answered[f"r{i}"]["body"]["items"][0]["dense"],
+                                       want["items"][0]["dense"], atol=2e-5)
+        # Both shared the load: a had computed some before it died, b the rest.
+        assert results["_a"]["items"] > 0
+        assert items_done(httpx.get(b.url + "/metrics").text) > 0
+        assert results["_left_in_stream"]["messages"] == 0
+    finally:
+        a.stop(signal.SIGKILL)
+        b.stop()

@@ -1,0 +1,198 @@
+"""Publish a request's work items to its pool's JetStream stream; collect their results.
+
+One wildcard subscription on this gateway's inbox (``inbox_prefix(gateway_id).>``) takes
+every result; ``on_result`` hands each to its request's Reassembly. A request is registered
+before its first work item is published (a fast worker may answer before the publish ack),
+and forgotten when it completes, fails or passes its deadline: late results are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js.errors import APIError
+
+from gateway.metrics import GatewayMetrics
+from gateway.nats_link import NatsLink
+from gateway.reassembly import Added, Reassembly
+from gateway.settings import GatewaySettings
+from gateway.slicing import Slice, encode_slices, plan_slices
+from sdk import wire
+from sdk.cluster import reply_subject, work_headers, work_subject
+from sdk.errors import ErrorCode, HeronError
+from sdk.types import Item
+
+log = logging.getLogger("heron.gateway.dispatch")
+
+
+@dataclass(slots=True)
+class WorkRequest:
+    """One inference request, validated and routed, ready to split and publish."""
+
+    pool: str
+    task: str  # encode | score | extract
+    model_id: str
+    wire_body: dict[str, Any]  # the sdk request's to_wire(), all items
+    items: list[Item]
+    timeout_s: float
+    priority: int = 0
+    shared_text: str = ""  # sent with every slice (the score query)
+
+
+@dataclass(slots=True)
+class _Pending:
+    reassembly: Reassembly
+    pool: str
+    done: asyncio.Future[None]
+    answered: int = 0  # slices whose result arrived (no longer outstanding)
+    slices: list[Slice] = field(default_factory=list)
+
+
+class Dispatcher:
+    def __init__(self, link: NatsLink, gateway_id: str, settings: GatewaySettings,
+                 metrics: GatewayMetrics) -> None:
+        self.link = link
+        self.gateway_id = gateway_id
+        self.settings = settings
+        self.metrics = metrics
+        self._pending: dict[str, _Pending] = {}
+        self._outstanding: dict[str, int] = {}  # pool -> work items published, unanswered
+
+    def outstanding(self, pool: str) -> int:
+        return self._outstanding.get(pool, 0)
+
+    def _not_ready(self, why: str) -> HeronError:
+        return HeronError(ErrorCode.NOT_READY, why,
+                          retry_after_s=self.settings.nats_retry_after_s)
+
+    async def submit(self, work: WorkRequest) -> Reassembly:
+        """Publish ``work`` and wait for all its results (or its first error, or its
+        deadline). Raises HeronError: 503 NATS away, 429 backlog, 504 deadline, or the
+        error a worker answered."""
+        if not self.link.ready:
+            raise self._not_ready("not connected to NATS; retry shortly")
+        started = time.monotonic()
+        max_payload = self.link.max_payload
+        slices = plan_slices(work.items, max_items=self.settings.max_items_per_work_item,
+                             max_tokens=self.settings.max_tokens_per_work_item,
+                             max_payload=max_payload, shared_text=work.shared_text)
+        encoded = encode_slices(work.wire_body, slices, max_payload)
+        self._check_backlog(work.pool, len(encoded))
+
+        request_id = uuid.uuid4().hex
+        reply = reply_subject(self.gateway_id, request_id)
+        deadline = time.time() + work.timeout_s
+        pending = _Pending(Reassembly(request_id, [s for s, _ in encoded]), work.pool,
+                           asyncio.get_running_loop().create_future(),
+                           slices=[s for s, _ in encoded])
+        self._pending[request_id] = pending
+        self._add_outstanding(work.pool, len(encoded))
+        try:
+            await self._publish(work, request_id, reply, deadline, encoded, started)
+            remaining = work.timeout_s - (time.monotonic() - started)
+            try:
+                await asyncio.wait_for(pending.done, max(0.0, remaining))
+            except TimeoutError:
+                raise HeronError(ErrorCode.DEADLINE_EXCEEDED,
+                                 f"request did not finish within timeout_s={work.timeout_s:g}"
+                                 ) from None
+        finally:
+            self._forget(request_id)
+        if pending.reassembly.error is not None:
+            raise pending.reassembly.error
+        return pending.reassembly
+
+    def _check_backlog(self, pool: str, count: int) -> None:
+        # A request bigger than the bound still goes when nothing else is waiting: it could
+        # never succeed otherwise.
+        outstanding = self.outstanding(pool)
+        if outstanding and outstanding + count > self.settings.max_outstanding_items_per_pool:
+            raise HeronError(ErrorCode.QUEUE_FULL,
+                             f"pool {pool} has {outstanding} work items waiting (bound "
+                             f"{self.settings.max_outstanding_items_per_pool}); retry shortly",
+                             retry_after_s=self.settings.queue_full_retry_after_s)
+
+    async def _publish(self, work: WorkRequest, request_id: str, reply: str, deadline: float,
+                       encoded: list[tuple[Slice, bytes]], started: float) -> None:
+        js = self.link.js
+        assert js is not None
+        subject = work_subject(work.pool, work.model_id)
+        timeout = max(0.05, min(self.settings.publish_timeout_s,
+                                work.timeout_s - (time.monotonic() - started)))
+        publishes = [
+            js.publish(subject, payload, timeout=timeout, headers=work_headers(
+                request_id=request_id, task=work.task, model=work.model_id, reply=reply,
+                start=piece.start, count=piece.count, deadline=deadline,
+                priority=work.priority))
+            for piece, payload in encoded]
+        if len(publishes) == 1:
+            outcomes: list[Any] = [await _settle(publishes[0])]
+        else:
+            outcomes = await asyncio.gather(*publishes, return_exceptions=True)
+        self.metrics.work_items.labels(work.pool).inc(
+            sum(not isinstance(o, BaseException) for o in outcomes))
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        if failures:
+            raise self._publish_error(work.pool, failures[0])
+
+    def _publish_error(self, pool: str, exc: BaseException) -> HeronError:
+        if isinstance(exc, APIError) and "maximum" in str(exc.description or "").lower():
+            return HeronError(ErrorCode.QUEUE_FULL,
+                              f"the work stream of pool {pool} is full: {exc.description}",
+                              retry_after_s=self.settings.queue_full_retry_after_s)
+        if isinstance(exc, HeronError):
+            return exc
+        log.warning("publishing work to pool %s failed: %r", pool, exc)
+        return self._not_ready(f"could not queue the work on NATS ({type(exc).__name__}); "
+                               "retry shortly")
+
+    # ---- results ------------------------------------------------------------------------
+    async def on_result(self, msg: Msg) -> None:
+        """Inbox callback: one result message for one slice of one request."""
+        try:
+            message = wire.decode(msg.data, wire.MSGPACK)
+            request_id = message["request_id"]
+        except (HeronError, KeyError, TypeError) as exc:
+            log.warning("dropping a malformed result on %s: %s", msg.subject, exc)
+            self.metrics.ignored_results.labels("malformed").inc()
+            return
+        pending = self._pending.get(request_id)
+        if pending is None:
+            self.metrics.ignored_results.labels("unknown").inc()
+            return
+        outcome = pending.reassembly.add(message)
+        if outcome in (Added.ACCEPTED, Added.COMPLETE):
+            pending.answered += 1
+            self._add_outstanding(pending.pool, -1)
+        elif outcome in (Added.DUPLICATE, Added.UNEXPECTED):
+            self.metrics.ignored_results.labels(outcome.value).inc()
+        if pending.reassembly.done and not pending.done.done():
+            pending.done.set_result(None)
+
+    def _forget(self, request_id: str) -> None:
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            # Slices still unanswered stop counting: workers drop them past the deadline.
+            self._add_outstanding(pending.pool, pending.answered - len(pending.slices))
+
+    def _add_outstanding(self, pool: str, delta: int) -> None:
+        value = max(0, self._outstanding.get(pool, 0) + delta)
+        self._outstanding[pool] = value
+        self.metrics.outstanding.labels(pool).set(value)
+
+    def pending_requests(self) -> int:
+        return len(self._pending)
+
+
+async def _settle(coro: Any) -> Any:
+    """Await one publish, returning its exception instead of raising (as gather does)."""
+    try:
+        return await coro
+    except Exception as exc:  # every failure becomes a 503/429 in _publish_error
+        return exc

@@ -1,0 +1,39 @@
+"""Prometheus metrics of one gateway process (its own registry, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                    30)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("heron_gateway_requests_total",
+                                "Requests by route, model and status",
+                                ["route", "model", "status"], registry=r)
+        self.latency = Histogram("heron_gateway_request_duration_seconds", "Request latency",
+                                 ["route", "model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.work_items = Counter("heron_gateway_work_items_published_total",
+                                  "Work items published to JetStream", ["pool"], registry=r)
+        self.outstanding = Gauge("heron_gateway_outstanding_work_items",
+                                 "Work items published and not answered yet", ["pool"],
+                                 registry=r)
+        self.pending_demand = Gauge("heron_gateway_pending_demand",
+                                    "Requests answered 202 (no healthy worker) in the trailing "
+                                    "demand window", ["pool"], registry=r)
+        self.healthy_workers = Gauge("heron_gateway_healthy_workers",
+                                     "Workers whose last heartbeat is recent and ready",
+                                     ["pool"], registry=r)
+        self.ignored_results = Counter("heron_gateway_results_ignored_total",
+                                       "Results dropped: duplicate (redelivered work), "
+                                       "unknown (request already answered or expired), "
+                                       "malformed", ["reason"], registry=r)
+        self.nats_connected = Gauge("heron_gateway_nats_connected",
+                                    "1 while connected to NATS", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,142 @@
+"""Put a request back together from its work items' results (pure: no NATS, no HTTP).
+
+Results arrive in any order, maybe twice (a worker died between publishing a result and
+acking its item, so another worker computed it again): they are keyed by ``start``, the
+first one wins. One slice's error fails the whole request with that error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import Any
+
+from gateway.slicing import Slice
+from sdk.errors import ErrorCode, HeronError
+
+
+class Added(StrEnum):
+    ACCEPTED = "accepted"  # a new slice; more to come
+    COMPLETE = "complete"  # the last missing slice
+    FAILED = "failed"  # a slice error: the request has failed
+    DUPLICATE = "duplicate"  # this slice was already answered
+    UNEXPECTED = "unexpected"  # no such slice in this request (ignored)
+
+
+class Reassembly:
+    """The results of one request's slices."""
+
+    def __init__(self, request_id: str, slices: Sequence[Slice]) -> None:
+        self.request_id = request_id
+        self.expected = {s.start: s.count for s in slices}
+        self.bodies: dict[int, dict[str, Any]] = {}
+        self.timings: dict[str, float] = {}
+        self.error: HeronError | None = None
+
+    @property
+    def missing(self) -> int:
+        """Slices not answered yet."""
+        return len(self.expected) - len(self.bodies)
+
+    @property
+    def done(self) -> bool:
+        return self.error is not None or not self.missing
+
+    def add(self, message: Mapping[str, Any]) -> Added:
+        start, count = message.get("start"), message.get("count")
+        if not isinstance(start, int) or self.expected.get(start) != count:
+            return Added.UNEXPECTED
+        if start in self.bodies or self.done:
+            return Added.DUPLICATE
+        error = message.get("error")
+        if error is not None:
+            self.error = slice_error(error, start)
+            return Added.FAILED
+        body = message.get("body")
+        if not isinstance(body, Mapping):
+            self.error = HeronError(ErrorCode.INTERNAL,
+                                    f"a worker answered items {start}..{start + count - 1} "
+                                    "with neither a body nor an error")
+            return Added.FAILED
+        self.bodies[start] = dict(body)
+        for phase, seconds in (message.get("timings") or {}).items():
+            # Slices run in parallel: the request waited as long as its slowest slice.
+            self.timings[phase] = max(self.timings.get(phase, 0.0), float(seconds))
+        return Added.COMPLETE if not self.missing else Added.ACCEPTED
+
+    def parts(self) -> list[tuple[int, dict[str, Any]]]:
+        """(start, body) of every slice, in item order."""
+        return sorted(self.bodies.items())
+
+
+_ITEM_INDEX = re.compile(r"^items\[(\d+)\]")
+
+
+def slice_error(error: Mapping[str, Any], start: int) -> HeronError:
+    """A worker's error for a slice as the request's error: item indexes in ``field`` and
+    the message are the slice's own, so they move by the slice's ``start``."""
+    try:
+        code = ErrorCode(error.get("code"))
+    except ValueError:
+        code = ErrorCode.INTERNAL
+    message = str(error.get("message") or code.value)
+    field = error.get("field")
+
+    def shift(text: str) -> str:
+        return _ITEM_INDEX.sub(lambda m: f"items[{int(m.group(1)) + start}]", text, count=1)
+
+    if isinstance(field, str):
+        field = shift(field)
+        message = shift(message)
+    retry = error.get("retry_after_s")
+    return HeronError(code, message, field=field if isinstance(field, str) else None,
+                      retry_after_s=float(retry) if isinstance(retry, int | float) else None)
+
+
+# ---- merging the slices' bodies into one answer ----------------------------------------
+def _checked_rows(parts: Sequence[tuple[int, Mapping[str, Any]]], expected: Mapping[int, int],
+                  key: str) -> list[Any]:
+    rows: list[Any] = []
+    for start, body in parts:
+        part_rows = body.get(key)
+        if not isinstance(part_rows, list) or len(part_rows) != expected[start]:
+            raise HeronError(ErrorCode.INTERNAL,
+                             f"a worker answered items {start}.. with "
+                             f"{len(part_rows) if isinstance(part_rows, list) else 'no'} "
+                             f"{key} for {expected[start]} items")
+        rows.extend(part_rows)
+    return rows
+
+
+def _tokens(parts: Sequence[tuple[int, Mapping[str, Any]]]) -> int:
+    return sum(int((body.get("usage") or {}).get("tokens", 0)) for _, body in parts)
+
+
+def merge_items(model: str, parts: Sequence[tuple[int, Mapping[str, Any]]],
+                expected: Mapping[int, int]) -> dict[str, Any]:
+    """encode and extract: the slices' items, concatenated in order; tokens summed."""
+    return {"model": model, "items": _checked_rows(parts, expected, "items"),
+            "usage": {"tokens": _tokens(parts)}}
+
+
+def merge_scores(model: str, parts: Sequence[tuple[int, Mapping[str, Any]]],
+                 expected: Mapping[int, int], top_k: int | None) -> dict[str, Any]:
+    """score: every slice ranked its own items (index relative to the slice); rank them all
+    together as one worker would: score descending, ties by index, then top_k, ranks 1..n."""
+    rows: list[dict[str, Any]] = []
+    for start, body in parts:
+        results = body.get("results")
+        if not isinstance(results, list) or len(results) != expected[start]:
+            raise HeronError(ErrorCode.INTERNAL,
+                             f"a worker scored items {start}.. with "
+                             f"{len(results) if isinstance(results, list) else 'no'} results "
+                             f"for {expected[start]} items")
+        for row in results:
+            rows.append({**row, "index": int(row["index"]) + start})
+    rows.sort(key=lambda r: (-float(r["score"]), r["index"]))
+    if top_k is not None:
+        rows = rows[:top_k]
+    for rank, row in enumerate(rows, start=1):
+        row["rank"] = rank
+    return {"model": model, "results": rows, "usage": {"tokens": _tokens(parts)}}
