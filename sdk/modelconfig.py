@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-ADAPTERS = ("dense", "sparse", "multi_vector", "cross_encoder", "token_classifier")
+ADAPTERS = ("dense", "sparse", "multi_vector", "cross_encoder", "token_classifier", "null")
 POOLINGS = ("mean", "cls", "last")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 ACTIVATIONS = ("sigmoid", "softmax", "none")

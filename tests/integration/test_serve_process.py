@@ -96,3 +96,17 @@ def test_models_flag_serves_a_subset_and_stops_cleanly(tmp_path: Path,
     finally:
         server.stop()
     assert server.proc.returncode in (0, -signal.SIGTERM)
+
+
+def test_null_bundle_returns_fixed_vectors_with_real_token_counts(tmp_path: Path) -> None:
+    server = start_serve("null", tmp_path)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            body = http.post("/v1/encode/null-model",
+                             json={"items": ["one", "two words here"]}).json()
+            a, b = (item["dense"] for item in body["items"])
+            assert a == b and len(a) == 384
+            assert abs(sum(x * x for x in a) - 1.0) < 1e-5
+            assert [i["tokens"] for i in body["items"]] == [3, 5]
+    finally:
+        server.stop()

@@ -4,13 +4,14 @@ from worker.adapters.base import Adapter, Batch, TextInput, Tokenized
 from worker.adapters.cross_encoder import CrossEncoderAdapter
 from worker.adapters.dense import DenseAdapter
 from worker.adapters.multi_vector import MultiVectorAdapter
+from worker.adapters.null import NullAdapter
 from worker.adapters.sparse import SparseAdapter
 from worker.adapters.token_classifier import TokenClassifierAdapter
 
 ADAPTERS: dict[str, type[Adapter]] = {
     cls.name: cls
     for cls in (DenseAdapter, SparseAdapter, MultiVectorAdapter, CrossEncoderAdapter,
-                TokenClassifierAdapter)
+                TokenClassifierAdapter, NullAdapter)
 }
 
 __all__ = ["ADAPTERS", "Adapter", "Batch", "TextInput", "Tokenized"]
