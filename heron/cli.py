@@ -1,5 +1,5 @@
-"""The ``heron`` command: ``serve`` (single node), ``worker`` (cluster worker); ``up``,
-``gateway`` and ``config`` arrive with the cluster issues."""
+"""The ``heron`` command: ``serve`` (single node), ``up`` (local cluster), ``gateway`` and
+``worker`` (each part alone, the shape Kubernetes runs); ``config`` arrives with #4."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sdk.modelconfig import Bundle, ConfigError, load_bundle, load_model_config
+
+if TYPE_CHECKING:
+    from worker.app import QueueMode
 
 
 def _select_models(bundle: Bundle, models: str | None) -> Bundle:
@@ -31,7 +35,7 @@ def _select_models(bundle: Bundle, models: str | None) -> Bundle:
     return dataclasses.replace(bundle, models=tuple(unique.values()), preload=None)
 
 
-def _run_worker(args: argparse.Namespace, queue: object | None) -> int:
+def _run_worker(args: argparse.Namespace, queue: QueueMode | None) -> int:
     import torch
     import uvicorn
 
@@ -41,7 +45,7 @@ def _run_worker(args: argparse.Namespace, queue: object | None) -> int:
         torch.set_num_threads(args.threads)
     bundle = _select_models(load_bundle(args.bundle), args.models)
     app = create_app(bundle, device=None if args.device == "auto" else args.device,
-                     queue=queue)  # type: ignore[arg-type]
+                     queue=queue)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.access_log, loop="uvloop", http="httptools",
                 timeout_graceful_shutdown=30)
@@ -59,6 +63,28 @@ def cmd_worker(args: argparse.Namespace) -> int:
     queue = QueueMode(nats_url=args.nats, pool=args.pool or args.bundle, worker_id=worker_id,
                       address=f"http://{args.host}:{args.port}")
     return _run_worker(args, queue)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from gateway.app import parse_pool_pairs, run
+
+    run(args.nats, parse_pool_pairs(args.pool or []), host=args.host, port=args.port,
+        log_level=args.log_level, access_log=args.access_log, gateway_id=args.gateway_id)
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from heron.up import LocalCluster, UpOptions
+
+    options = UpOptions(host=args.host, port=args.port, nats_port=args.nats_port,
+                        data_dir=Path(args.data_dir), bundle=args.bundle,
+                        pool=args.pool or args.bundle, workers=args.workers,
+                        min_workers=args.min_workers, max_workers=args.max_workers,
+                        idle_cooldown_s=args.idle_cooldown, log_level=args.child_log_level)
+    load_bundle(options.bundle)  # a bad bundle fails here, before anything starts
+    return asyncio.run(LocalCluster(options).run())
 
 
 def _add_worker_args(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -95,11 +121,48 @@ def build_parser() -> argparse.ArgumentParser:
                         help="pool name (default: the bundle's name)")
     worker.add_argument("--worker-id", default=os.environ.get("HERON_WORKER_ID"))
     worker.set_defaults(func=cmd_worker)
+
+    gateway = sub.add_parser("gateway", help="stateless HTTP edge: routes work to pools "
+                                             "over NATS JetStream")
+    gateway.add_argument("--host", default=os.environ.get("HERON_HOST", "127.0.0.1"))
+    gateway.add_argument("--port", type=int, default=int(os.environ.get("HERON_PORT", "8080")))
+    gateway.add_argument("--nats", default=os.environ.get("HERON_NATS_URL",
+                                                          "nats://127.0.0.1:4222"))
+    gateway.add_argument("--pool", action="append", metavar="BUNDLE=POOL",
+                         help="a bundle and the pool that serves it (repeatable; default: "
+                              "default=default)")
+    gateway.add_argument("--gateway-id", default=os.environ.get("HERON_GATEWAY_ID"))
+    gateway.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
+    gateway.add_argument("--access-log", action="store_true")
+    gateway.set_defaults(func=cmd_gateway)
+
+    up = sub.add_parser("up", help="the whole cluster on this machine: nats-server, gateway, "
+                                   "workers and a local autoscaler")
+    up.add_argument("--host", default=os.environ.get("HERON_HOST", "127.0.0.1"))
+    up.add_argument("--port", type=int, default=int(os.environ.get("HERON_PORT", "8080")),
+                    help="the gateway's port")
+    up.add_argument("--nats-port", type=int, default=4222)
+    up.add_argument("--data-dir", default=os.environ.get("HERON_DATA_DIR", ".heron"),
+                    help="JetStream store and logs")
+    up.add_argument("--bundle", default=os.environ.get("HERON_BUNDLE", "default"))
+    up.add_argument("--pool", default=None, help="pool name (default: the bundle's name)")
+    up.add_argument("--workers", type=int, default=1, help="workers to start with")
+    up.add_argument("--min-workers", type=int, default=None,
+                    help="never scale below this (default: --workers); 0 allows scale to "
+                         "zero, with a worker started on the first request")
+    up.add_argument("--max-workers", type=int, default=4)
+    up.add_argument("--idle-cooldown", type=float, default=60.0,
+                    help="seconds a worker above --min-workers may sit idle before it stops")
+    up.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
+    up.add_argument("--child-log-level", default="warning")
+    up.set_defaults(func=cmd_up)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "command", None) == "up" and args.min_workers is None:
+        args.min_workers = args.workers
     logging.basicConfig(level=args.log_level.upper() if hasattr(args, "log_level") else "INFO",
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
