@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import shutil
 import signal
@@ -79,7 +80,8 @@ class LocalCluster:
         logs = self.o.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
-        proc = await asyncio.create_subprocess_exec(*args, stdout=out, stderr=out)
+        proc = await asyncio.create_subprocess_exec(*args, stdout=out, stderr=out,
+                                                    preexec_fn=_die_with_parent)
         out.close()
         return Child(name, proc)
 
@@ -193,3 +195,11 @@ async def _terminate(child: Child, timeout_s: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             child.proc.kill()
         await child.proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if ``heron up`` itself dies (even by
+    SIGKILL), so a crashed supervisor leaves no orphans. Linux only; elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
