@@ -18,7 +18,17 @@ from typing import Any
 
 import yaml
 
-ADAPTERS = ("dense", "sparse", "multi_vector", "cross_encoder", "token_classifier", "null")
+# Adapter -> the tasks its models serve (dense encoders also score, by cosine). The worker's
+# adapters and the gateway's routing both read this one table.
+ADAPTER_TASKS: dict[str, tuple[str, ...]] = {
+    "dense": ("encode", "score"),
+    "sparse": ("encode",),
+    "multi_vector": ("encode",),
+    "cross_encoder": ("score",),
+    "token_classifier": ("extract",),
+    "null": ("encode",),
+}
+ADAPTERS = tuple(ADAPTER_TASKS)
 POOLINGS = ("mean", "cls", "last")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 ACTIVATIONS = ("sigmoid", "softmax", "none")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from sdk.errors import ErrorCode, HeronError
+from sdk.modelconfig import ADAPTER_TASKS
 from sdk.types import (
     EncodeRequest,
     Entity,
@@ -87,12 +88,11 @@ class InferenceService:
 
     def _runner_for(self, model: str, task: str) -> tuple[ModelEntry, ModelRunner]:
         entry, runner = self.registry.runner(model)
-        adapter_task = runner.adapter.task
-        # Dense encoders also score (bi-encoder cosine); nothing else crosses tasks.
-        if adapter_task != task and not (task == "score" and runner.adapter.name == "dense"):
+        tasks = ADAPTER_TASKS[entry.config.adapter]
+        if task not in tasks:
             raise HeronError(ErrorCode.UNSUPPORTED_TASK,
                              f"model {entry.config.id} does not support {task}; "
-                             f"it serves {adapter_task}")
+                             f"it serves {', '.join(tasks)}")
         return entry, runner
 
     @staticmethod
