@@ -33,11 +33,13 @@ $(VENV)/.test: pyproject.toml $(VENV)/.runtime
 venv: $(VENV)/.runtime
 venv-test: $(VENV)/.test
 
-# Heron's main job. Until the cluster lands (`heron up`), the single-node server.
+# Heron's main job: the local cluster (nats-server, gateway, a worker, autoscaler).
 up: venv
-	$(BIN)/heron serve --host $(HOST) --port $(PORT)
+	$(BIN)/heron up --host $(HOST) --port $(PORT)
 
-serve: up
+# One process, no NATS: the single-node server.
+serve: venv
+	$(BIN)/heron serve --host $(HOST) --port $(PORT)
 
 lint: venv-test
 	$(BIN)/ruff check .

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -50,8 +50,8 @@ class _Pending:
     reassembly: Reassembly
     pool: str
     done: asyncio.Future[None]
-    answered: int = 0  # slices whose result arrived (no longer outstanding)
-    slices: list[Slice] = field(default_factory=list)
+    items: int  # all the request's items
+    answered: int = 0  # items whose slice's result arrived (no longer outstanding)
 
 
 class Dispatcher:
@@ -62,12 +62,14 @@ class Dispatcher:
         self.settings = settings
         self.metrics = metrics
         self._pending: dict[str, _Pending] = {}
-        self._outstanding: dict[str, int] = {}  # pool -> work items published, unanswered
+        # pool -> items published and not answered. Items, not work items: a work item holds
+        # 1 to 64 of them, and the backlog that matters is the compute waiting.
+        self._outstanding: dict[str, int] = {}
 
     def outstanding(self, pool: str) -> int:
         return self._outstanding.get(pool, 0)
 
-    def _not_ready(self, why: str) -> HeronError:
+    def nats_unavailable(self, why: str) -> HeronError:
         return HeronError(ErrorCode.NOT_READY, why,
                           retry_after_s=self.settings.nats_retry_after_s)
 
@@ -76,23 +78,22 @@ class Dispatcher:
         deadline). Raises HeronError: 503 NATS away, 429 backlog, 504 deadline, or the
         error a worker answered."""
         if not self.link.ready:
-            raise self._not_ready("not connected to NATS; retry shortly")
+            raise self.nats_unavailable("not connected to NATS; retry shortly")
         started = time.monotonic()
         max_payload = self.link.max_payload
         slices = plan_slices(work.items, max_items=self.settings.max_items_per_work_item,
                              max_tokens=self.settings.max_tokens_per_work_item,
                              max_payload=max_payload, shared_text=work.shared_text)
         encoded = encode_slices(work.wire_body, slices, max_payload)
-        self._check_backlog(work.pool, len(encoded))
+        self._check_backlog(work.pool, len(work.items))
 
         request_id = uuid.uuid4().hex
         reply = reply_subject(self.gateway_id, request_id)
         deadline = time.time() + work.timeout_s
         pending = _Pending(Reassembly(request_id, [s for s, _ in encoded]), work.pool,
-                           asyncio.get_running_loop().create_future(),
-                           slices=[s for s, _ in encoded])
+                           asyncio.get_running_loop().create_future(), len(work.items))
         self._pending[request_id] = pending
-        self._add_outstanding(work.pool, len(encoded))
+        self._add_outstanding(work.pool, len(work.items))
         try:
             await self._publish(work, request_id, reply, deadline, encoded, started)
             remaining = work.timeout_s - (time.monotonic() - started)
@@ -114,7 +115,7 @@ class Dispatcher:
         outstanding = self.outstanding(pool)
         if outstanding and outstanding + count > self.settings.max_outstanding_items_per_pool:
             raise HeronError(ErrorCode.QUEUE_FULL,
-                             f"pool {pool} has {outstanding} work items waiting (bound "
+                             f"pool {pool} has {outstanding} items waiting (bound "
                              f"{self.settings.max_outstanding_items_per_pool}); retry shortly",
                              retry_after_s=self.settings.queue_full_retry_after_s)
 
@@ -149,8 +150,8 @@ class Dispatcher:
         if isinstance(exc, HeronError):
             return exc
         log.warning("publishing work to pool %s failed: %r", pool, exc)
-        return self._not_ready(f"could not queue the work on NATS ({type(exc).__name__}); "
-                               "retry shortly")
+        return self.nats_unavailable(
+            f"could not queue the work on NATS ({type(exc).__name__}); retry shortly")
 
     # ---- results ------------------------------------------------------------------------
     async def on_result(self, msg: Msg) -> None:
@@ -168,8 +169,9 @@ class Dispatcher:
             return
         outcome = pending.reassembly.add(message)
         if outcome in (Added.ACCEPTED, Added.COMPLETE):
-            pending.answered += 1
-            self._add_outstanding(pending.pool, -1)
+            count = int(message["count"])
+            pending.answered += count
+            self._add_outstanding(pending.pool, -count)
         elif outcome in (Added.DUPLICATE, Added.UNEXPECTED):
             self.metrics.ignored_results.labels(outcome.value).inc()
         if pending.reassembly.done and not pending.done.done():
@@ -179,7 +181,7 @@ class Dispatcher:
         pending = self._pending.pop(request_id, None)
         if pending is not None:
             # Slices still unanswered stop counting: workers drop them past the deadline.
-            self._add_outstanding(pending.pool, pending.answered - len(pending.slices))
+            self._add_outstanding(pending.pool, pending.answered - pending.items)
 
     def _add_outstanding(self, pool: str, delta: int) -> None:
         value = max(0, self._outstanding.get(pool, 0) + delta)

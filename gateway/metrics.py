@@ -19,8 +19,8 @@ class GatewayMetrics:
                                  ["route", "model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.work_items = Counter("heron_gateway_work_items_published_total",
                                   "Work items published to JetStream", ["pool"], registry=r)
-        self.outstanding = Gauge("heron_gateway_outstanding_work_items",
-                                 "Work items published and not answered yet", ["pool"],
+        self.outstanding = Gauge("heron_gateway_outstanding_items",
+                                 "Items published to the pool and not answered yet", ["pool"],
                                  registry=r)
         self.pending_demand = Gauge("heron_gateway_pending_demand",
                                     "Requests answered 202 (no healthy worker) in the trailing "

@@ -37,6 +37,7 @@ class NatsLink:
         self.last_error: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     @property
     def connected(self) -> bool:
@@ -81,7 +82,7 @@ class NatsLink:
         log.debug("NATS error: %r", exc)
 
     async def _on_disconnected(self) -> None:
-        if self.set_up:
+        if self.set_up and not self._closing:
             log.warning("disconnected from NATS; requests answer 503 until it is back")
 
     async def _on_reconnected(self) -> None:
@@ -101,6 +102,7 @@ class NatsLink:
             log.error("re-declaring streams after reconnect failed: %s", exc)
 
     async def close(self) -> None:
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

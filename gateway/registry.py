@@ -14,23 +14,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sdk.errors import ErrorCode, HeronError
-from sdk.modelconfig import Bundle, ConfigError, ModelConfig, load_bundle
+from sdk.modelconfig import (
+    ADAPTER_OUTPUT_TYPES,
+    ADAPTER_TASKS,
+    Bundle,
+    ConfigError,
+    ModelConfig,
+    load_bundle,
+)
 from sdk.types import EncodeRequest
-
-# What each adapter serves (worker/adapters/*: ``task`` and ``output_types``). Dense models
-# also score (bi-encoder cosine); the first task is the adapter's own.
-ADAPTER_TASKS: dict[str, tuple[str, ...]] = {
-    "dense": ("encode", "score"),
-    "sparse": ("encode",),
-    "multi_vector": ("encode",),
-    "cross_encoder": ("score",),
-    "token_classifier": ("extract",),
-}
-ADAPTER_OUTPUT_TYPES: dict[str, frozenset[str]] = {
-    "dense": frozenset({"dense"}),
-    "sparse": frozenset({"sparse"}),
-    "multi_vector": frozenset({"multi_vector", "dense"}),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +78,7 @@ class ModelRegistry:
         self._routes: dict[str, ModelRoute] = {}  # id and every alias -> route
         self._models: list[ModelRoute] = []
         self._pools: dict[str, str] = {}  # pool -> bundle name
+        self._hashes: dict[str, str] = {}  # pool -> bundle config hash
         self.loaded = False
 
     def load(self) -> None:
@@ -94,6 +87,7 @@ class ModelRegistry:
         routes: dict[str, ModelRoute] = {}
         models: list[ModelRoute] = []
         pools: dict[str, str] = {}
+        hashes: dict[str, str] = {}
         for entry in self.source.load():
             name = entry.bundle.name
             if entry.pool in pools and pools[entry.pool] != name:
@@ -101,22 +95,29 @@ class ModelRegistry:
                                   f"pool {entry.pool!r} already serves bundle "
                                   f"{pools[entry.pool]!r}; a pool serves one bundle")
             pools[entry.pool] = name
+            hashes[entry.pool] = entry.bundle.config_hash
             for config in entry.bundle.models:
                 route = ModelRoute(config, name, entry.pool)
                 for key in (config.id, *config.aliases):
-                    if key in routes and routes[key].model_id != config.id:
+                    # One name, one pool: routing a model served by two pools needs a
+                    # policy (#4's pools API), not a silent last-bundle-wins.
+                    if key in routes:
                         raise ConfigError(entry.bundle.source or name, "models",
                                           f"{key!r} is served by bundles "
                                           f"{routes[key].bundle!r} and {name!r}")
                     routes[key] = route
                 models.append(route)
-        self._routes, self._models, self._pools = routes, models, pools
+        self._routes, self._models, self._pools, self._hashes = routes, models, pools, hashes
         self.loaded = True
 
     # ---- lookups -------------------------------------------------------------------------
     def pools(self) -> dict[str, str]:
         """pool -> bundle name, for every pool the gateway routes to."""
         return dict(self._pools)
+
+    def bundle_hash(self, pool: str) -> str:
+        """The config hash of the bundle ``pool`` serves (workers report theirs in beats)."""
+        return self._hashes[pool]
 
     def models(self) -> list[ModelRoute]:
         return list(self._models)

@@ -11,7 +11,7 @@ from sdk.cluster import MAX_ITEMS_PER_WORK_ITEM, MAX_TOKENS_PER_WORK_ITEM, WorkS
 class GatewaySettings:
     # A request without timeout_s still gets a deadline: nothing waits forever.
     default_timeout_s: float = 30.0
-    # Work items outstanding (published, not answered) per pool before 429 QUEUE_FULL.
+    # Items outstanding (published, not answered) per pool before 429 QUEUE_FULL.
     max_outstanding_items_per_pool: int = 4096
     queue_full_retry_after_s: float = 1.0
     # Worker health: a worker counts while ready and its last beat is this recent.

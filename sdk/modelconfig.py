@@ -29,6 +29,15 @@ ADAPTER_TASKS: dict[str, tuple[str, ...]] = {
     "null": ("encode",),
 }
 ADAPTERS = tuple(ADAPTER_TASKS)
+# Adapter -> the output types its encode produces (an empty set: it does not encode).
+ADAPTER_OUTPUT_TYPES: dict[str, frozenset[str]] = {
+    "dense": frozenset({"dense"}),
+    "sparse": frozenset({"sparse"}),
+    "multi_vector": frozenset({"multi_vector", "dense"}),
+    "cross_encoder": frozenset(),
+    "token_classifier": frozenset(),
+    "null": frozenset({"dense"}),
+}
 POOLINGS = ("mean", "cls", "last")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 ACTIVATIONS = ("sigmoid", "softmax", "none")

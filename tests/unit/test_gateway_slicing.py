@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import msgpack
 import pytest
 from hypothesis import given
@@ -23,7 +25,7 @@ BIG = 1 << 20
 def covers(slices: list[Slice], n: int) -> bool:
     starts = [s.start for s in slices]
     return starts == sorted(starts) and all(
-        a.stop == b.start for a, b in zip(slices, slices[1:], strict=False)) and \
+        a.stop == b.start for a, b in itertools.pairwise(slices)) and \
         slices[0].start == 0 and slices[-1].stop == n
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
+from sdk.modelconfig import ADAPTER_OUTPUT_TYPES
 from worker.adapters.base import Adapter, Batch
 
 DIMENSIONS = 384
@@ -20,7 +21,7 @@ DIMENSIONS = 384
 class NullAdapter(Adapter):
     name = "null"
     task = "encode"
-    output_types = frozenset({"dense"})
+    output_types = ADAPTER_OUTPUT_TYPES["null"]
 
     def load(self, path: Path, device: torch.device, dtype: torch.dtype) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForMaskedLM
 
+from sdk.modelconfig import ADAPTER_OUTPUT_TYPES
 from sdk.types import SparseVector
 from worker.adapters.base import Adapter, Batch
 
@@ -15,7 +16,7 @@ from worker.adapters.base import Adapter, Batch
 class SparseAdapter(Adapter):
     name = "sparse"
     task = "encode"
-    output_types = frozenset({"sparse"})
+    output_types = ADAPTER_OUTPUT_TYPES["sparse"]
 
     def load_model(self, path: Path) -> torch.nn.Module:
         return AutoModelForMaskedLM.from_pretrained(str(path))

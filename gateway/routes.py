@@ -1,0 +1,306 @@
+"""The gateway's HTTP routes: the worker's inference API, served by routing each request's
+work through its pool's JetStream stream (gateway/app.py builds and serves the app).
+
+Per request: parse and validate exactly as a worker would (bad input never reaches NATS),
+resolve model -> bundle -> pool, answer 503 when NATS is away, 202 when the pool has no
+healthy worker (and publish demand), otherwise publish the work items, reassemble the
+results and answer in the client's format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.demand import DemandTracker
+from gateway.dispatcher import Dispatcher, WorkRequest
+from gateway.health import WorkerHealth
+from gateway.metrics import GatewayMetrics
+from gateway.nats_link import NatsLink
+from gateway.reassembly import Reassembly, merge_items, merge_scores
+from gateway.registry import (
+    ModelRegistry,
+    ModelRoute,
+    check_encode_outputs,
+    describe,
+)
+from gateway.settings import GatewaySettings
+from sdk import wire
+from sdk.cluster import (
+    STATUS_WILDCARD,
+    demand_subject,
+    ensure_dlq_stream,
+    ensure_work_stream,
+    inbox_prefix,
+    token,
+)
+from sdk.errors import HeronError
+from sdk.openai_compat import embeddings_response, parse_embeddings_request
+from sdk.server import EXCEPTION_HANDLERS, read_body, respond
+from sdk.types import EncodeRequest, ExtractRequest, Item, RequestOptions, ScoreRequest
+
+log = logging.getLogger("heron.gateway")
+
+
+@dataclass(slots=True)
+class Answer:
+    body: dict[str, Any]
+    model_id: str
+    timings: dict[str, float]
+
+
+class Provisioning(Exception):
+    """No healthy worker for the pool: answered 202 with Retry-After, not an error."""
+
+    def __init__(self, pool: str, bundle: str, estimated_wait_s: float,
+                 retry_after_s: float) -> None:
+        super().__init__(f"pool {pool} is provisioning")
+        self.body = {"status": "provisioning", "pool": pool, "bundle": bundle,
+                     "estimated_wait_s": estimated_wait_s}
+        self.retry_after_s = retry_after_s
+
+
+class GatewayApp:
+    def __init__(self, nats_url: str, registry: ModelRegistry, *,
+                 settings: GatewaySettings | None = None, gateway_id: str | None = None) -> None:
+        self.settings = settings or GatewaySettings()
+        self.gateway_id = token(gateway_id or default_gateway_id())
+        self.registry = registry
+        if not registry.loaded:
+            registry.load()
+        self.metrics = GatewayMetrics()
+        self.health = WorkerHealth(self.settings.heartbeat_timeout_s)
+        self.demand = DemandTracker(self.settings.demand_window_s,
+                                    self.settings.demand_publish_interval_s)
+        for pool, bundle in registry.pools().items():
+            self.health.expect(pool, bundle, registry.bundle_hash(pool))
+        self.link = NatsLink(nats_url, name=f"heron-gateway-{self.gateway_id}",
+                             setup=self._set_up_nats, on_reconnect=self._declare_streams,
+                             connect_timeout_s=self.settings.connect_timeout_s)
+        self.dispatcher = Dispatcher(self.link, self.gateway_id, self.settings, self.metrics)
+        self._subscribed = False
+        self._status_since = 0.0
+
+    # ---- NATS set-up ---------------------------------------------------------------------
+    async def _declare_streams(self, nc: NatsClient, js: JetStreamContext) -> None:
+        for pool in self.registry.pools():
+            await ensure_work_stream(js, self.settings.stream_spec(pool))
+        await ensure_dlq_stream(js, self.settings.stream_file_storage)
+
+    async def _set_up_nats(self, nc: NatsClient, js: JetStreamContext) -> None:
+        await self._declare_streams(nc, js)
+        if not self._subscribed:
+            await nc.subscribe(inbox_prefix(self.gateway_id) + ".>",
+                               cb=self.dispatcher.on_result)
+            await nc.subscribe(STATUS_WILDCARD, cb=self._on_status)
+            self._subscribed = True
+            self._status_since = time.monotonic()
+
+    async def _on_status(self, msg: Msg) -> None:
+        try:
+            beat = wire.decode(msg.data, wire.MSGPACK)
+        except HeronError as exc:
+            log.warning("dropping an undecodable heartbeat on %s: %s", msg.subject, exc)
+            return
+        if isinstance(beat, Mapping):
+            self.health.observe(beat)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.link.start()
+        try:
+            yield
+        finally:
+            await self.link.close()
+
+    # ---- the request path ------------------------------------------------------------------
+    async def _inference(self, request: Request, route_name: str,
+                         handle: Callable[[Any], Awaitable[Answer]], *,
+                         json_only: bool = False) -> Response:
+        started = time.monotonic()
+        status, label = 500, request.path_params.get("model", "_unknown")
+        try:
+            body, fmt = await read_body(request)
+            answer = await handle(body)
+            status, label = 200, answer.model_id
+            headers = self._headers(request, answer.timings, started)
+            if json_only:  # OpenAI clients speak JSON only, whatever they send in Accept
+                return Response(wire.encode(answer.body, wire.JSON), media_type=wire.JSON,
+                                headers=headers)
+            return respond(request, answer.body, request_fmt=fmt, headers=headers)
+        except Provisioning as wait:
+            status = 202
+            headers = {"Retry-After": str(max(1, round(wait.retry_after_s)))}
+            return respond(request, wait.body, status=202, headers=headers)
+        except HeronError as exc:
+            status = exc.status
+            raise
+        finally:
+            # Labels use model ids; unknown names must not mint new label values.
+            model = self.registry.canonical_id(label) or "_unknown"
+            self.metrics.requests.labels(route_name, model, str(status)).inc()
+            self.metrics.latency.labels(route_name, model).observe(time.monotonic() - started)
+
+    @staticmethod
+    def _headers(request: Request, timings: Mapping[str, float],
+                 started: float) -> dict[str, str]:
+        phases = {k: timings[k] for k in ("tokenize", "queue", "inference") if k in timings}
+        phases["total"] = time.monotonic() - started
+        return {"Server-Timing": ", ".join(f"{k};dur={v * 1000:.2f}" for k, v in phases.items()),
+                "X-Request-Id": request.headers.get("x-request-id") or uuid.uuid4().hex}
+
+    async def _dispatch(self, route: ModelRoute, task: str, wire_body: dict[str, Any],
+                        items: list[Item], options: RequestOptions,
+                        shared_text: str = "") -> Reassembly:
+        if not self.link.ready:
+            raise self.dispatcher.nats_unavailable("not connected to NATS; retry shortly")
+        await self._require_capacity(route)
+        return await self.dispatcher.submit(WorkRequest(
+            pool=route.pool, task=task, model_id=route.model_id, wire_body=wire_body,
+            items=items, timeout_s=options.timeout_s or self.settings.default_timeout_s,
+            priority=options.priority, shared_text=shared_text))
+
+    async def _require_capacity(self, route: ModelRoute) -> None:
+        pool = route.pool
+        if not self.health.has_capacity(pool):
+            grace = self.settings.startup_grace_s - (time.monotonic() - self._status_since)
+            if not await self.health.wait_for_capacity(pool, grace):
+                await self._provisioning(route)
+        self.demand.satisfied(pool)
+
+    async def _provisioning(self, route: ModelRoute) -> None:
+        pool, s = route.pool, self.settings
+        if self.demand.record(pool) and self.link.nc is not None:
+            try:
+                await self.link.nc.publish(demand_subject(pool), wire.encode(
+                    {"pool": pool, "bundle": route.bundle, "ts": time.time()}, wire.MSGPACK))
+            except Exception as exc:  # demand is a hint; the 202 stands regardless
+                log.warning("publishing demand for pool %s failed: %r", pool, exc)
+        self.metrics.pending_demand.labels(pool).set(self.demand.pending(pool))
+        raise Provisioning(pool, route.bundle, self.demand.estimated_wait_s(
+            pool, s.provisioning_estimate_s, s.provisioning_retry_after_s),
+            s.provisioning_retry_after_s)
+
+    # ---- inference routes ------------------------------------------------------------------
+    async def encode(self, request: Request) -> Response:
+        async def handle(body: Any) -> Answer:
+            req = EncodeRequest.from_wire(body)
+            route = self.registry.route_for(request.path_params["model"], "encode")
+            check_encode_outputs(route, req)
+            done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options)
+            return Answer(merge_items(route.model_id, done.parts(), done.expected),
+                          route.model_id, done.timings)
+
+        return await self._inference(request, "encode", handle)
+
+    async def score(self, request: Request) -> Response:
+        async def handle(body: Any) -> Answer:
+            req = ScoreRequest.from_wire(body)
+            route = self.registry.route_for(request.path_params["model"], "score")
+            wire_body = req.to_wire()
+            wire_body.pop("top_k", None)  # slices rank all their items; top_k applies here
+            done = await self._dispatch(route, "score", wire_body, req.items, req.options,
+                                        shared_text=req.query)
+            return Answer(merge_scores(route.model_id, done.parts(), done.expected, req.top_k),
+                          route.model_id, done.timings)
+
+        return await self._inference(request, "score", handle)
+
+    async def extract(self, request: Request) -> Response:
+        async def handle(body: Any) -> Answer:
+            req = ExtractRequest.from_wire(body)
+            route = self.registry.route_for(request.path_params["model"], "extract")
+            done = await self._dispatch(route, "extract", req.to_wire(), req.items,
+                                        req.options)
+            return Answer(merge_items(route.model_id, done.parts(), done.expected),
+                          route.model_id, done.timings)
+
+        return await self._inference(request, "extract", handle)
+
+    async def embeddings(self, request: Request) -> Response:
+        async def handle(body: Any) -> Answer:
+            model, texts, encoding, dims = parse_embeddings_request(body)
+            route = self.registry.route_for(model, "encode")
+            req = EncodeRequest(items=[Item(t) for t in texts], dims=dims)
+            check_encode_outputs(route, req)
+            done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options)
+            merged = merge_items(route.model_id, done.parts(), done.expected)
+            vectors = [row["dense"] for row in merged["items"]]
+            return Answer(embeddings_response(route.model_id, vectors,
+                                              merged["usage"]["tokens"], encoding),
+                          route.model_id, done.timings)
+
+        return await self._inference(request, "embeddings", handle, json_only=True)
+
+    # ---- models, health, metrics -----------------------------------------------------------
+    def _describe(self, route: ModelRoute) -> dict[str, Any]:
+        return describe(route, self.health.model_state(route.pool, route.model_id))
+
+    async def list_models(self, request: Request) -> Response:
+        data = [self._describe(r) for r in self.registry.models()]
+        return respond(request, {"object": "list", "data": data})
+
+    async def get_model(self, request: Request) -> Response:
+        return respond(request, self._describe(self.registry.resolve(
+            request.path_params["model"])))
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        ready = self.link.ready and self.registry.loaded
+        pools = {pool: {"bundle": bundle, "healthy_workers": len(self.health.healthy(pool)),
+                        "outstanding_items": self.dispatcher.outstanding(pool)}
+                 for pool, bundle in self.registry.pools().items()}
+        body: dict[str, Any] = {"status": "ready" if ready else "not_ready",
+                                "nats_connected": self.link.connected,
+                                "registry_loaded": self.registry.loaded,
+                                "gateway_id": self.gateway_id, "pools": pools}
+        if self.link.last_error:
+            body["error"] = self.link.last_error
+        return JSONResponse(body, status_code=200 if ready else 503,
+                            headers=None if ready else {"Retry-After": "2"})
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        for pool in {*self.registry.pools(), *self.demand.pools()}:
+            self.metrics.pending_demand.labels(pool).set(self.demand.pending(pool))
+            self.metrics.healthy_workers.labels(pool).set(len(self.health.healthy(pool)))
+        self.metrics.nats_connected.set(1 if self.link.connected else 0)
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    def build(self) -> Starlette:
+        routes = [
+            Route("/v1/encode/{model:path}", self.encode, methods=["POST"]),
+            Route("/v1/score/{model:path}", self.score, methods=["POST"]),
+            Route("/v1/extract/{model:path}", self.extract, methods=["POST"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+            Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}", self.get_model, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+        ]
+        app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS,
+                        lifespan=self.lifespan)
+        app.state.gateway = self  # tests and `heron up` reach the live object through here
+        return app
+
+
+def default_gateway_id() -> str:
+    """Unique per process: two gateways must never share an inbox."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

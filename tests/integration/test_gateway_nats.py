@@ -1,0 +1,136 @@
+"""NATS going away and coming back: requests fail fast (503) while it is down, the gateway
+reconnects by itself, and work queued before a restart (file store) is still answered."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.settings import GatewaySettings
+from tests.gateway_harness import (
+    FakeWorker,
+    GatewayThread,
+    fake_vector,
+    unique,
+    write_bundles,
+)
+from tests.integration.test_gateway_api import last_seq
+from tests.nats_server import NatsServer
+
+
+def wait_ready(url: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if httpx.get(url + "/readyz").status_code == 200:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{url} not ready after {timeout_s}s")
+
+
+@pytest.fixture()
+def own_nats(tmp_path: Path) -> Iterator[NatsServer]:
+    server = NatsServer(tmp_path / "nats").start()
+    yield server
+    server.stop()
+
+
+def test_nats_down_is_a_fast_503_and_the_gateway_reconnects(own_nats: NatsServer,
+                                                            tmp_path: Path) -> None:
+    root = write_bundles(tmp_path / "bundles", {"b": ["dense"]})
+    pool = unique("pool")
+    worker = FakeWorker(own_nats.url, pool, "b").start()
+    gateway = GatewayThread(own_nats.url, {"b": pool}, root,
+                            GatewaySettings(startup_grace_s=2.0)).start()
+    try:
+        ok = httpx.post(gateway.url + "/v1/encode/b-dense", json={"items": ["hello"]})
+        assert ok.status_code == 200, ok.text
+
+        own_nats.stop()
+        time.sleep(0.3)  # the client notices the closed socket
+        for _ in range(3):
+            started = time.monotonic()
+            r = httpx.post(gateway.url + "/v1/encode/b-dense", json={"items": ["hello"]},
+                           timeout=10)
+            assert time.monotonic() - started < 1.0
+            assert r.status_code == 503 and r.json()["error"]["code"] == "NOT_READY"
+            assert int(r.headers["retry-after"]) >= 1
+        assert httpx.get(gateway.url + "/readyz").status_code == 503
+        assert httpx.get(gateway.url + "/healthz").status_code == 200
+
+        own_nats.start()
+        wait_ready(gateway.url)
+        deadline = time.monotonic() + 15
+        while True:  # the worker reconnects and beats again on its own schedule
+            r = httpx.post(gateway.url + "/v1/encode/b-dense", json={"items": ["again"]},
+                           timeout=10)
+            if r.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert r.status_code == 200, r.text
+        assert r.json()["items"][0]["dense"] == fake_vector("again").tolist()
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+def test_work_queued_before_a_restart_is_answered_after_it(own_nats: NatsServer,
+                                                           tmp_path: Path) -> None:
+    root = write_bundles(tmp_path / "bundles", {"b": ["dense"]})
+    pool = unique("pool")
+    idle = FakeWorker(own_nats.url, pool, "b", answer=False).start()  # beats, never pulls
+    gateway = GatewayThread(own_nats.url, {"b": pool}, root).start()
+    responses: list[httpx.Response] = []
+    request = threading.Thread(target=lambda: responses.append(httpx.post(
+        gateway.url + "/v1/encode/b-dense", json={"items": ["kept", "safe"], "timeout_s": 30},
+        timeout=40)))
+    worker = None
+    try:
+        request.start()
+        deadline = time.monotonic() + 10
+        while last_seq(own_nats.url, pool) < 1:
+            assert time.monotonic() < deadline, "the work item was never published"
+            time.sleep(0.05)
+        idle.stop()
+        own_nats.stop()
+        own_nats.start()  # same store dir: the queued work item survives
+        wait_ready(gateway.url)
+        worker = FakeWorker(own_nats.url, pool, "b").start()
+        request.join(30)
+        assert responses and responses[0].status_code == 200, responses
+        rows = responses[0].json()["items"]
+        assert [row["dense"] for row in rows] == [fake_vector("kept").tolist(),
+                                                  fake_vector("safe").tolist()]
+    finally:
+        gateway.stop()
+        if worker is not None:
+            worker.stop()
+        request.join(1)
+
+
+# ---- start-up without NATS --------------------------------------------------------------
+def test_gateway_starts_without_nats_and_becomes_ready_when_it_appears(
+        tmp_path: Path) -> None:
+    server = NatsServer(tmp_path / "nats")
+    gateway = GatewayThread(server.url, {"default": unique("pool")}).start(wait_ready=False)
+    try:
+        assert httpx.get(gateway.url + "/healthz").status_code == 200
+        ready = httpx.get(gateway.url + "/readyz")
+        assert ready.status_code == 503 and ready.headers["retry-after"]
+        assert ready.json()["nats_connected"] is False
+        started = time.monotonic()
+        r = httpx.post(gateway.url + "/v1/encode/minilm", json={"items": ["a"]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "NOT_READY"
+        assert r.headers["retry-after"] and time.monotonic() - started < 1.0
+        server.start()
+        deadline = time.monotonic() + 15
+        while httpx.get(gateway.url + "/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "gateway never connected"
+            time.sleep(0.1)
+    finally:
+        gateway.stop()
+        server.stop()

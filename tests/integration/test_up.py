@@ -1,0 +1,111 @@
+"""`heron up`: the local cluster as a user runs it, scale from zero included."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+
+from tests.servers import REPO, free_port
+
+
+class UpProcess:
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.port, self.nats_port = free_port(), free_port()
+        self.log = tmp / "up.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "heron.cli", "up", "--port", str(self.port),
+                 "--nats-port", str(self.nats_port), "--data-dir", str(tmp / "data"), *args],
+                stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def children(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def wait_for(self, check, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()
+            try:
+                if check():
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(self.log.read_text())
+
+    def stop(self) -> int:
+        children = self.children()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        _, alive = psutil.wait_procs(children, timeout=10)
+        for p in alive:  # should be none; never leave them behind
+            p.kill()
+        assert not alive, f"orphans: {alive}"
+        return self.proc.returncode
+
+    def healthy_workers(self) -> int:
+        ready = httpx.get(self.url + "/readyz", timeout=2).json()
+        return ready["pools"]["default"]["healthy_workers"]
+
+
+@pytest.mark.slow
+def test_scale_from_zero_then_idle_scale_down(tmp_path: Path, http: httpx.Client) -> None:
+    up = UpProcess(tmp_path, "--workers", "0", "--min-workers", "0", "--idle-cooldown", "3")
+    try:
+        up.wait_for(lambda: httpx.get(up.url + "/healthz", timeout=1).status_code == 200)
+        body = {"items": ["wake the pool"]}
+        first = httpx.post(up.url + "/v1/encode/minilm", json=body, timeout=10)
+        assert first.status_code == 202, first.text
+        assert int(first.headers["retry-after"]) >= 1
+        info = first.json()
+        assert info["status"] == "provisioning" and info["pool"] == "default"
+        assert info["bundle"] == "default" and info["estimated_wait_s"] > 0
+
+        # The autoscaler heard the demand and starts a worker; the retried request works.
+        result: dict = {}
+
+        def retried() -> bool:
+            r = httpx.post(up.url + "/v1/encode/minilm", json=body, timeout=30)
+            if r.status_code == 200:
+                result.update(r.json())
+            return r.status_code == 200
+
+        up.wait_for(retried, timeout_s=120)
+        want = http.post("/v1/encode/minilm", json=body).json()
+        np.testing.assert_allclose(result["items"][0]["dense"], want["items"][0]["dense"],
+                                   atol=2e-5)
+        # Idle past the cooldown: the worker is stopped again (scale to zero).
+        up.wait_for(lambda: up.healthy_workers() == 0, timeout_s=60)
+        assert "worker" in up.log.read_text() and "stopped" in up.log.read_text()
+    finally:
+        assert up.stop() == 0
+
+
+def test_up_serves_and_stops_without_orphans(tmp_path: Path) -> None:
+    up = UpProcess(tmp_path, "--workers", "1")
+    try:
+        up.wait_for(lambda: httpx.get(up.url + "/readyz", timeout=1).status_code == 200
+                    and up.healthy_workers() == 1)
+        names = " ".join(" ".join(p.cmdline()) for p in up.children())
+        assert "nats-server" in names and " gateway " in names and " worker " in names
+        r = httpx.post(up.url + "/v1/encode/minilm", json={"items": ["a", "b"]}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["items"]) == 2
+        text = up.log.read_text()
+        assert f"gateway on http://127.0.0.1:{up.port}" in text and "nats-server on" in text
+    finally:
+        assert up.stop() == 0
