@@ -90,7 +90,7 @@ class GatewayApp:
         for pool, bundle in registry.pools().items():
             self.health.expect(pool, bundle, registry.bundle_hash(pool))
         self.link = NatsLink(nats_url, name=f"heron-gateway-{self.gateway_id}",
-                             setup=self._set_up_nats, on_reconnect=self._declare_streams,
+                             setup=self._set_up_nats, on_reconnect=self._after_reconnect,
                              connect_timeout_s=self.settings.connect_timeout_s)
         self.dispatcher = Dispatcher(self.link, self.gateway_id, self.settings, self.metrics)
         self._subscribed = False
@@ -101,6 +101,12 @@ class GatewayApp:
         for pool in self.registry.pools():
             await ensure_work_stream(js, self.settings.stream_spec(pool))
         await ensure_dlq_stream(js, self.settings.stream_file_storage)
+
+    async def _after_reconnect(self, nc: NatsClient, js: JetStreamContext) -> None:
+        # Heartbeats went stale while NATS was away: give workers the start-up grace to
+        # beat again before calling a warm pool cold (202).
+        self._status_since = time.monotonic()
+        await self._declare_streams(nc, js)
 
     async def _set_up_nats(self, nc: NatsClient, js: JetStreamContext) -> None:
         await self._declare_streams(nc, js)

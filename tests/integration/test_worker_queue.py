@@ -4,10 +4,7 @@ pool's JetStream stream, results on a NATS inbox (real nats-server, real worker 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,46 +25,10 @@ from sdk.cluster import (
     work_subject,
 )
 from sdk.types import EncodeRequest, Item
+from tests.cluster_procs import WorkerProcess
 from tests.nats_server import NatsServer
-from tests.servers import REPO, free_port
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-class WorkerProcess:
-    def __init__(self, nats_url: str, pool: str, log_dir: Path) -> None:
-        self.port = free_port()
-        self.worker_id = f"w-{self.port}"
-        self.log_path = log_dir / f"worker-{self.port}.log"
-        cmd = [sys.executable, "-m", "heron.cli", "worker", "--nats", nats_url, "--pool", pool,
-               "--bundle", "default", "--port", str(self.port), "--worker-id", self.worker_id,
-               "--log-level", "warning"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log_path.read_text()
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(self.log_path.read_text())
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
 
 
 @pytest.fixture()

@@ -1,0 +1,88 @@
+"""Real cluster processes for tests: `heron worker` and `heron gateway` children on free
+loopback ports, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.servers import REPO, free_port
+
+
+class WorkerProcess:
+    def __init__(self, nats_url: str, pool: str, log_dir: Path) -> None:
+        self.port = free_port()
+        self.worker_id = f"w-{self.port}"
+        self.log_path = log_dir / f"worker-{self.port}.log"
+        cmd = [sys.executable, "-m", "heron.cli", "worker", "--nats", nats_url, "--pool", pool,
+               "--bundle", "default", "--port", str(self.port), "--worker-id", self.worker_id,
+               "--log-level", "warning"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log_path.read_text()
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(self.log_path.read_text())
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+class GatewayProcess:
+    def __init__(self, nats_url: str, pools: dict[str, str], log_dir: Path,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.log_path = log_dir / f"gateway-{self.port}.log"
+        cmd = [sys.executable, "-m", "heron.cli", "gateway", "--nats", nats_url, "--port",
+               str(self.port), "--log-level", "warning"]
+        for bundle, pool in pools.items():
+            cmd += ["--pool", f"{bundle}={pool}"]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                         env={**os.environ, **(extra_env or {})})
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log_path.read_text()
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(self.log_path.read_text())
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
