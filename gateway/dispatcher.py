@@ -43,6 +43,9 @@ class WorkRequest:
     timeout_s: float
     priority: int = 0
     shared_text: str = ""  # sent with every slice (the score query)
+    # encode/extract: a slice that fails server-side (5xx) becomes per-item errors and the
+    # rest is answered; score and OpenAI bodies have no place for per-item errors.
+    partial: bool = False
 
 
 @dataclass(slots=True)
@@ -90,7 +93,8 @@ class Dispatcher:
         request_id = uuid.uuid4().hex
         reply = reply_subject(self.gateway_id, request_id)
         deadline = time.time() + work.timeout_s
-        pending = _Pending(Reassembly(request_id, [s for s, _ in encoded]), work.pool,
+        pending = _Pending(Reassembly(request_id, [s for s, _ in encoded],
+                                      partial=work.partial), work.pool,
                            asyncio.get_running_loop().create_future(), len(work.items))
         self._pending[request_id] = pending
         self._add_outstanding(work.pool, len(work.items))

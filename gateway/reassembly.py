@@ -2,7 +2,10 @@
 
 Results arrive in any order, maybe twice (a worker died between publishing a result and
 acking its item, so another worker computed it again): they are keyed by ``start``, the
-first one wins. One slice's error fails the whole request with that error.
+first one wins. A slice's client error (4xx: the input) fails the whole request, as on a
+single node. A server-side failure (5xx, e.g. a slice given up after its deliveries) fails
+the whole request for score and OpenAI bodies; for encode and extract (``partial``) it
+becomes per-item errors and the other items are answered, unless every slice failed.
 """
 
 from __future__ import annotations
@@ -27,17 +30,24 @@ class Added(StrEnum):
 class Reassembly:
     """The results of one request's slices."""
 
-    def __init__(self, request_id: str, slices: Sequence[Slice]) -> None:
+    def __init__(self, request_id: str, slices: Sequence[Slice], *,
+                 partial: bool = False) -> None:
         self.request_id = request_id
         self.expected = {s.start: s.count for s in slices}
+        self.partial = partial
         self.bodies: dict[int, dict[str, Any]] = {}
+        self.failed: dict[int, HeronError] = {}  # partial: slices that failed server-side
         self.timings: dict[str, float] = {}
         self.error: HeronError | None = None
 
     @property
     def missing(self) -> int:
         """Slices not answered yet."""
-        return len(self.expected) - len(self.bodies)
+        return len(self.expected) - len(self.bodies) - len(self.failed)
+
+    def failures(self) -> list[tuple[int, int, HeronError]]:
+        """(start, count, error) of every slice that failed server-side, in item order."""
+        return [(start, self.expected[start], err) for start, err in sorted(self.failed.items())]
 
     @property
     def done(self) -> bool:
@@ -47,12 +57,19 @@ class Reassembly:
         start, count = message.get("start"), message.get("count")
         if not isinstance(start, int) or self.expected.get(start) != count:
             return Added.UNEXPECTED
-        if start in self.bodies or self.done:
+        if start in self.bodies or start in self.failed or self.done:
             return Added.DUPLICATE
         error = message.get("error")
         if error is not None:
-            self.error = slice_error(error, start)
-            return Added.FAILED
+            failure = slice_error(error, start)
+            if not (self.partial and failure.status >= 500):
+                self.error = failure
+                return Added.FAILED
+            self.failed[start] = failure
+            if not self.missing and not self.bodies:  # every slice failed: the request did
+                self.error = next(iter(self.failed.values()))
+                return Added.FAILED
+            return Added.COMPLETE if not self.missing else Added.ACCEPTED
         body = message.get("body")
         if not isinstance(body, Mapping):
             self.error = HeronError(ErrorCode.INTERNAL,
@@ -114,10 +131,20 @@ def _tokens(parts: Sequence[tuple[int, Mapping[str, Any]]]) -> int:
 
 
 def merge_items(model: str, parts: Sequence[tuple[int, Mapping[str, Any]]],
-                expected: Mapping[int, int]) -> dict[str, Any]:
-    """encode and extract: the slices' items, concatenated in order; tokens summed."""
-    return {"model": model, "items": _checked_rows(parts, expected, "items"),
-            "usage": {"tokens": _tokens(parts)}}
+                expected: Mapping[int, int],
+                failures: Sequence[tuple[int, int, HeronError]] = ()) -> dict[str, Any]:
+    """encode and extract: the slices' items, concatenated in order; tokens summed. Items
+    of failed slices are ``{"error": {code, message}}`` and ``errors`` counts them."""
+    rows = dict(zip((start for start, _ in parts),
+                    (_checked_rows([part], expected, "items") for part in parts), strict=True))
+    for start, count, error in failures:
+        rows[start] = [error.to_body() for _ in range(count)]
+    items = [row for start in sorted(rows) for row in rows[start]]
+    merged: dict[str, Any] = {"model": model, "items": items,
+                              "usage": {"tokens": _tokens(parts)}}
+    if failures:
+        merged["errors"] = sum(count for _, count, _ in failures)
+    return merged
 
 
 def merge_scores(model: str, parts: Sequence[tuple[int, Mapping[str, Any]]],

@@ -172,14 +172,14 @@ class GatewayApp:
 
     async def _dispatch(self, route: ModelRoute, task: str, wire_body: dict[str, Any],
                         items: list[Item], options: RequestOptions,
-                        shared_text: str = "") -> Reassembly:
+                        shared_text: str = "", partial: bool = False) -> Reassembly:
         if not self.link.ready:
             raise self.dispatcher.nats_unavailable("not connected to NATS; retry shortly")
         await self._require_capacity(route)
         return await self.dispatcher.submit(WorkRequest(
             pool=route.pool, task=task, model_id=route.model_id, wire_body=wire_body,
             items=items, timeout_s=options.timeout_s or self.settings.default_timeout_s,
-            priority=options.priority, shared_text=shared_text))
+            priority=options.priority, shared_text=shared_text, partial=partial))
 
     async def _require_capacity(self, route: ModelRoute) -> None:
         pool = route.pool
@@ -208,9 +208,10 @@ class GatewayApp:
             req = EncodeRequest.from_wire(body)
             route = self.registry.route_for(request.path_params["model"], "encode")
             check_encode_outputs(route, req)
-            done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options)
-            return Answer(merge_items(route.model_id, done.parts(), done.expected),
-                          route.model_id, done.timings)
+            done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options,
+                                        partial=True)
+            return Answer(merge_items(route.model_id, done.parts(), done.expected,
+                                      done.failures()), route.model_id, done.timings)
 
         return await self._inference(request, "encode", handle)
 
@@ -232,9 +233,9 @@ class GatewayApp:
             req = ExtractRequest.from_wire(body)
             route = self.registry.route_for(request.path_params["model"], "extract")
             done = await self._dispatch(route, "extract", req.to_wire(), req.items,
-                                        req.options)
-            return Answer(merge_items(route.model_id, done.parts(), done.expected),
-                          route.model_id, done.timings)
+                                        req.options, partial=True)
+            return Answer(merge_items(route.model_id, done.parts(), done.expected,
+                                      done.failures()), route.model_id, done.timings)
 
         return await self._inference(request, "extract", handle)
 

@@ -124,9 +124,12 @@ def fake_score(text: str) -> float:
 
 def fake_answer(task: str, body: dict[str, Any]) -> dict[str, Any]:
     """The worker's response body for one slice, computed from the texts alone. An item
-    whose text is "boom" fails the slice like a too-long text with truncate: false."""
+    whose text is "boom" fails the slice like a too-long text with truncate: false; "crash"
+    fails it server-side (500, as a worker bug or an item out of deliveries would)."""
     texts = [i if isinstance(i, str) else i["text"] for i in body["items"]]
     ids = [None if isinstance(i, str) else i.get("id") for i in body["items"]]
+    if "crash" in texts:
+        raise FakeFailure({"code": "INTERNAL", "message": "inference failed: simulated"})
     if "boom" in texts:
         at = texts.index("boom")
         raise FakeFailure({"code": "INPUT_TOO_LONG", "field": f"items[{at}]",

@@ -156,6 +156,25 @@ def test_a_slice_error_fails_the_request_with_the_request_index(http: httpx.Clie
     assert r.json()["error"]["field"] == "items[100]"
 
 
+def test_a_server_side_slice_failure_is_per_item_errors(http: httpx.Client) -> None:
+    texts = [f"text {i}" for i in range(150)]
+    texts[70] = "crash"  # fails its slice server-side; the other slices are fine
+    r = http.post("/v1/encode/warm-dense", json={"items": texts})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    failed = [i for i, item in enumerate(body["items"]) if "error" in item]
+    assert len(body["items"]) == 150 and body["errors"] == len(failed)
+    assert 70 in failed and failed == list(range(failed[0], failed[-1] + 1)) and len(failed) < 150
+    assert all(body["items"][i]["error"]["code"] == "INTERNAL" for i in failed)
+    assert all("dense" in item for i, item in enumerate(body["items"]) if i not in failed)
+    # Score has no place for per-item errors: the whole request fails.
+    r = http.post("/v1/score/warm-rerank", json={"query": "q", "items": texts})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "INTERNAL"
+    # Every slice failed: so did the request.
+    r = http.post("/v1/encode/warm-dense", json={"items": ["crash"]})
+    assert r.status_code == 500
+
+
 def test_models_readyz_and_metrics(cluster: Cluster, http: httpx.Client) -> None:
     models = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
     assert set(models) == {"warm/dense", "warm/rerank", "warm/ner", "warm/sparse",

@@ -1,0 +1,50 @@
+"""Partial failures: a slice that fails server-side becomes per-item errors (encode,
+extract); a client error, or every slice failing, fails the request."""
+
+from __future__ import annotations
+
+from gateway.reassembly import Added, Reassembly, merge_items
+from gateway.slicing import Slice
+
+
+def slices(*counts: int) -> list[Slice]:
+    out, start = [], 0
+    for n in counts:
+        out.append(Slice(start=start, count=n))
+        start += n
+    return out
+
+
+def ok(start: int, count: int) -> dict:
+    return {"start": start, "count": count,
+            "body": {"items": [{"dense": [float(start + i)]} for i in range(count)],
+                     "usage": {"tokens": count}}}
+
+
+def failed(start: int, count: int, code: str = "INTERNAL") -> dict:
+    return {"start": start, "count": count, "error": {"code": code, "message": "x"}}
+
+
+def test_server_side_slice_failure_becomes_item_errors() -> None:
+    r = Reassembly("r", slices(2, 3, 1), partial=True)
+    assert r.add(ok(0, 2)) is Added.ACCEPTED
+    assert r.add(failed(2, 3)) is Added.ACCEPTED
+    assert r.add(failed(2, 3)) is Added.DUPLICATE
+    assert r.add(ok(5, 1)) is Added.COMPLETE
+    assert r.error is None
+    merged = merge_items("m", r.parts(), r.expected, r.failures())
+    assert merged["errors"] == 3 and merged["usage"]["tokens"] == 3
+    assert [i.get("dense") for i in merged["items"]] == [[0.0], [1.0], None, None, None, [5.0]]
+    assert merged["items"][2] == {"error": {"code": "INTERNAL", "message": "x"}}
+
+
+def test_client_errors_and_total_failure_fail_the_request() -> None:
+    r = Reassembly("r", slices(2, 2), partial=True)
+    assert r.add(failed(2, 2, "INPUT_TOO_LONG")) is Added.FAILED
+    assert r.error is not None and r.error.status == 422
+    r = Reassembly("r", slices(2, 2), partial=True)
+    r.add(failed(0, 2))
+    assert r.add(failed(2, 2, "DEADLINE_EXCEEDED")) is Added.FAILED
+    assert r.error is not None and r.error.status == 500
+    r = Reassembly("r", slices(2, 2))  # not partial (score, OpenAI): one failure fails all
+    assert r.add(failed(0, 2)) is Added.FAILED
