@@ -73,7 +73,7 @@ class Dispatcher:
         return self._outstanding.get(pool, 0)
 
     def nats_unavailable(self, why: str) -> HeronError:
-        return HeronError(ErrorCode.NOT_READY, why,
+        return HeronError(ErrorCode.NATS_UNAVAILABLE, why,
                           retry_after_s=self.settings.nats_retry_after_s)
 
     async def submit(self, work: WorkRequest) -> Reassembly:

@@ -43,6 +43,7 @@ from gateway.settings import GatewaySettings
 from sdk import wire
 from sdk.cluster import (
     STATUS_WILDCARD,
+    demand_message,
     demand_subject,
     ensure_dlq_stream,
     ensure_work_stream,
@@ -194,7 +195,7 @@ class GatewayApp:
         if self.demand.record(pool) and self.link.nc is not None:
             try:
                 await self.link.nc.publish(demand_subject(pool), wire.encode(
-                    {"pool": pool, "bundle": route.bundle, "ts": time.time()}, wire.MSGPACK))
+                    demand_message(pool, route.bundle), wire.MSGPACK))
             except Exception as exc:  # demand is a hint; the 202 stands regardless
                 log.warning("publishing demand for pool %s failed: %r", pool, exc)
         self.metrics.pending_demand.labels(pool).set(self.demand.pending(pool))

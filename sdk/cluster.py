@@ -8,6 +8,7 @@ that whichever side starts first creates them, identically.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,6 +191,21 @@ def work_headers(*, request_id: str, task: str, model: str, reply: str, start: i
     if deadline is not None:
         headers[Header.DEADLINE] = f"{deadline:.6f}"
     return headers
+
+
+def demand_message(pool: str, bundle: str) -> dict[str, Any]:
+    """Published on demand_subject(pool) with each 202: autoscalers start a worker."""
+    return {"pool": pool, "bundle": bundle, "ts": time.time()}
+
+
+def status_message(*, worker_id: str, pool: str, bundle: str, bundle_hash: str,
+                   models: dict[str, str], queue_depth: int, in_flight: int, memory_rss: int,
+                   ready: bool, address: str) -> dict[str, Any]:
+    """A worker heartbeat, once a second on status_subject(pool, worker_id)."""
+    return {"worker_id": worker_id, "pool": pool, "bundle": bundle,
+            "bundle_hash": bundle_hash, "models": models, "queue_depth": queue_depth,
+            "in_flight": in_flight, "memory_rss": memory_rss, "ready": ready,
+            "address": address, "ts": time.time()}
 
 
 def result_message(request_id: str, start: int, count: int, *,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ import psutil
 from nats.aio.client import Client as NATS
 
 from sdk import wire
-from sdk.cluster import status_subject
+from sdk.cluster import status_message, status_subject
 
 HEARTBEAT_INTERVAL_S = 1.0
 
@@ -33,11 +32,11 @@ class StatusPublisher:
         self._task: asyncio.Task | None = None
 
     def beat(self, *, ready_override: bool | None = None) -> dict[str, Any]:
-        status = {"worker_id": self.worker_id, "pool": self.pool, "ts": time.time(),
-                  "memory_rss": self._process.memory_info().rss, **self._snapshot()}
+        snapshot = self._snapshot()
         if ready_override is not None:
-            status["ready"] = ready_override
-        return status
+            snapshot["ready"] = ready_override
+        return status_message(worker_id=self.worker_id, pool=self.pool,
+                              memory_rss=self._process.memory_info().rss, **snapshot)
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())

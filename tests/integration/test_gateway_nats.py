@@ -57,7 +57,7 @@ def test_nats_down_is_a_fast_503_and_the_gateway_reconnects(own_nats: NatsServer
             r = httpx.post(gateway.url + "/v1/encode/b-dense", json={"items": ["hello"]},
                            timeout=10)
             assert time.monotonic() - started < 1.0
-            assert r.status_code == 503 and r.json()["error"]["code"] == "NOT_READY"
+            assert r.status_code == 503 and r.json()["error"]["code"] == "NATS_UNAVAILABLE"
             assert int(r.headers["retry-after"]) >= 1
         assert httpx.get(gateway.url + "/readyz").status_code == 503
         assert httpx.get(gateway.url + "/healthz").status_code == 200
@@ -124,7 +124,7 @@ def test_gateway_starts_without_nats_and_becomes_ready_when_it_appears(
         assert ready.json()["nats_connected"] is False
         started = time.monotonic()
         r = httpx.post(gateway.url + "/v1/encode/minilm", json={"items": ["a"]})
-        assert r.status_code == 503 and r.json()["error"]["code"] == "NOT_READY"
+        assert r.status_code == 503 and r.json()["error"]["code"] == "NATS_UNAVAILABLE"
         assert r.headers["retry-after"] and time.monotonic() - started < 1.0
         server.start()
         deadline = time.monotonic() + 15
