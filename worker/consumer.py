@@ -189,8 +189,7 @@ class WorkConsumer:
         if deadline is not None:  # the batcher drops it if it expires while queued
             request.options.timeout_s = max(0.001, deadline - time.time())
         model = headers.get(Header.MODEL, "")
-        call = {"encode": self.service.encode, "score": self.service.score,
-                "extract": self.service.extract}[task]
+        call = getattr(self.service, task)  # encode | score | extract, checked above
         return await call(model, request)
 
     async def _retry_later(self, msg: Msg, exc: HeronError, answer: Any) -> None:

@@ -1,0 +1,68 @@
+"""Work that cannot run after its last delivery goes to the dead-letter stream and the
+caller gets an error (real nats-server and WorkConsumer; the service is a stand-in whose
+model never finishes loading)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import nats
+
+from sdk import wire
+from sdk.cluster import (
+    DLQ_STREAM,
+    WorkStreamSpec,
+    dlq_subject,
+    work_headers,
+    work_stream,
+    work_subject,
+)
+from sdk.errors import ErrorCode, HeronError
+from tests.nats_server import NatsServer
+from worker.consumer import WorkConsumer
+
+
+class ForeverLoading:
+    """A service whose model is always still loading (503 MODEL_LOADING, retry soon)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def encode(self, model: str, request: object) -> None:
+        self.calls += 1
+        raise HeronError(ErrorCode.MODEL_LOADING, f"model {model} is loading",
+                         retry_after_s=0.05)
+
+
+async def test_out_of_deliveries_goes_to_dlq_and_the_caller_hears(
+        nats_server: NatsServer) -> None:
+    pool = f"d{uuid.uuid4().hex[:8]}"
+    spec = WorkStreamSpec(pool=pool, max_deliver=3, ack_wait_s=2.0)
+    nc = await nats.connect(nats_server.url)
+    service = ForeverLoading()
+    consumer = WorkConsumer(nc, service, spec)  # type: ignore[arg-type]
+    await consumer.start()
+    try:
+        js = nc.jetstream()
+        before = (await js.stream_info(DLQ_STREAM)).state.messages
+        inbox = f"_INBOX.heron.dlqtest.{uuid.uuid4().hex[:6]}"
+        sub = await nc.subscribe(inbox)
+        body = wire.encode({"items": ["never computed"]}, wire.MSGPACK)
+        await js.publish(work_subject(pool, "m"), body, headers=work_headers(
+            request_id="r1", task="encode", model="m", reply=inbox, start=0, count=1,
+            deadline=None, priority=0))
+        msg = await sub.next_msg(timeout=10)
+        result = wire.decode(msg.data, wire.MSGPACK)
+        assert result["request_id"] == "r1"
+        assert result["error"]["code"] == "MODEL_LOADING"
+        assert "after 3 deliveries" in result["error"]["message"]
+        assert service.calls == 3
+        await asyncio.sleep(0.2)
+        assert (await js.stream_info(DLQ_STREAM)).state.messages == before + 1
+        dead = await js.get_last_msg(DLQ_STREAM, dlq_subject(pool))
+        assert dead.data == body and dead.headers["Heron-Request-Id"] == "r1"
+        assert (await js.stream_info(work_stream(pool))).state.messages == 0
+    finally:
+        await consumer.drain()
+        await nc.close()
