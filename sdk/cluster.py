@@ -77,6 +77,16 @@ def config_subject(bundle: str) -> str:
     return f"heron.config.models.{token(bundle)}"
 
 
+CONFIG_ALL = "_all"  # every delta is also published here (gateways listen to it)
+CONFIG_SUBJECTS = "heron.config.models.>"
+CONFIG_LEADER_BUCKET = "heron_config_leader"  # KV: key "leader" = the writer's lease
+CONFIG_LEADER_KEY = "leader"
+
+
+def config_all_subject() -> str:
+    return config_subject(CONFIG_ALL)
+
+
 def inbox_prefix(gateway_id: str) -> str:
     return f"{INBOX_ROOT}.{token(gateway_id)}"
 
@@ -206,6 +216,27 @@ def status_message(*, worker_id: str, pool: str, bundle: str, bundle_hash: str,
             "bundle_hash": bundle_hash, "models": models, "queue_depth": queue_depth,
             "in_flight": in_flight, "memory_rss": memory_rss, "ready": ready,
             "address": address, "ts": time.time()}
+
+
+def config_delta(*, epoch: int, model: dict[str, Any], bundles: list[str],
+                 bundles_hash: dict[str, str]) -> dict[str, Any]:
+    """One config change, published on config_subject(b) for each bundle b that routes the
+    model and on config_all_subject(). ``model`` is ModelConfig.to_dict(); ``bundles_hash``
+    is each of those bundles' config hash after the change. Applying a delta whose epoch is
+    not newer than what one has changes nothing."""
+    return {"epoch": epoch, "model": model, "bundles": bundles, "bundles_hash": bundles_hash}
+
+
+async def ensure_config_stream(js: JetStreamContext, file_storage: bool = True,
+                               replicas: int = 1) -> None:
+    config = StreamConfig(name=CONFIG_STREAM, subjects=[CONFIG_SUBJECTS],
+                          retention=RetentionPolicy.LIMITS, num_replicas=replicas,
+                          storage=StorageType.FILE if file_storage else StorageType.MEMORY,
+                          max_age=30 * 24 * 3600.0)
+    try:
+        await js.stream_info(CONFIG_STREAM)
+    except NotFoundError:
+        await js.add_stream(config)
 
 
 def result_message(request_id: str, start: int, count: int, *,

@@ -94,6 +94,20 @@ class ModelConfig:
     def profile(self) -> Profile:
         return self.profiles["default"]
 
+    def to_dict(self) -> dict[str, Any]:
+        """The config as YAML/JSON would write it: parse_model_config(to_dict()) == self."""
+        source = {k: v for k, v in asdict(self.source).items()
+                  if v is not None and not (k == "subdir" and v == "")}
+        profiles = {name: {k: v for k, v in asdict(p).items() if v is not None}
+                    for name, p in sorted(self.profiles.items())}
+        out: dict[str, Any] = {"id": self.id, "adapter": self.adapter, "source": source,
+                               "profiles": profiles}
+        if self.aliases:
+            out["aliases"] = list(self.aliases)
+        if self.description:
+            out["description"] = self.description
+        return out
+
     def canonical(self) -> dict[str, Any]:
         data = asdict(self)
         data["profiles"] = {k: asdict(v) for k, v in sorted(self.profiles.items())}

@@ -102,3 +102,13 @@ def test_config_hash_changes_with_content_not_order() -> None:
     from sdk.modelconfig import bundle_config_hash
     assert bundle_config_hash([a, b]) == bundle_config_hash([b, a])
     assert bundle_config_hash([a, b]) != bundle_config_hash([c, b])
+
+
+def test_to_dict_round_trips_through_the_schema() -> None:
+    for name in ("default", "sparse", "null"):
+        for model in load_bundle(name).models:
+            assert parse_model_config(model.to_dict()) == model
+    full = parse_model_config({**GOOD, "aliases": ["x"], "description": "d",
+                               "profiles": {"default": {"max_sequence_length": 64},
+                                            "fast": {"precision": "bf16"}}})
+    assert parse_model_config(full.to_dict()) == full
