@@ -35,13 +35,16 @@ def parse_pool_pairs(pairs: Iterable[str]) -> dict[str, str]:
 
 def create_app(nats_url: str, pools: Mapping[str, str] | None = None, *,
                bundles_dir: Path | None = None, settings: GatewaySettings | None = None,
-               gateway_id: str | None = None) -> Starlette:
+               gateway_id: str | None = None, config_url: str | None = None) -> Starlette:
     """A gateway app. ``pools`` maps bundle name (or bundle YAML path) -> pool name. The
     bundles are read here, so a config error (ConfigError) stops it before it binds; NATS
-    is connected in the app's lifespan, and retried until it answers."""
+    is connected in the app's lifespan, and retried until it answers. With ``config_url``
+    the models come from the config service (and follow it) instead of bundle files."""
     registry = ModelRegistry(BundleDirSource(pools or DEFAULT_POOLS, bundles_dir))
-    registry.load()
-    return GatewayApp(nats_url, registry, settings=settings, gateway_id=gateway_id).build()
+    if config_url is None:
+        registry.load()
+    return GatewayApp(nats_url, registry, settings=settings, gateway_id=gateway_id,
+                      config_url=config_url).build()
 
 
 def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "info",
@@ -54,10 +57,10 @@ async def serve(nats_url: str, pools: Mapping[str, str] | None = None, *,
                 host: str = "127.0.0.1", port: int = 8080, log_level: str = "info",
                 access_log: bool = False, bundles_dir: Path | None = None,
                 settings: GatewaySettings | None = None, gateway_id: str | None = None,
-                ) -> None:
+                config_url: str | None = None) -> None:
     """Serve until SIGINT/SIGTERM, on the running event loop."""
     app = create_app(nats_url, pools, bundles_dir=bundles_dir, settings=settings,
-                     gateway_id=gateway_id)
+                     gateway_id=gateway_id, config_url=config_url)
     config = uvicorn_config(app, host=host, port=port, log_level=log_level,
                             access_log=access_log)
     await uvicorn.Server(config).serve()
@@ -66,9 +69,9 @@ async def serve(nats_url: str, pools: Mapping[str, str] | None = None, *,
 def run(nats_url: str, pools: Mapping[str, str] | None = None, *, host: str = "127.0.0.1",
         port: int = 8080, log_level: str = "info", access_log: bool = False,
         bundles_dir: Path | None = None, settings: GatewaySettings | None = None,
-        gateway_id: str | None = None) -> None:
+        gateway_id: str | None = None, config_url: str | None = None) -> None:
     """Blocking: build the app (ConfigError before binding) and serve it on uvloop."""
     app = create_app(nats_url, pools, bundles_dir=bundles_dir, settings=settings,
-                     gateway_id=gateway_id)
+                     gateway_id=gateway_id, config_url=config_url)
     uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
                                   access_log=access_log)).run()

@@ -110,6 +110,11 @@ class ModelRegistry:
         self._routes, self._models, self._pools, self._hashes = routes, models, pools, hashes
         self.loaded = True
 
+    def pool_names(self) -> dict[str, str]:
+        """bundle -> pool as the source was configured (before any load)."""
+        pools = getattr(self.source, "pools", None)
+        return dict(pools) if isinstance(pools, Mapping) else {}
+
     # ---- lookups -------------------------------------------------------------------------
     def pools(self) -> dict[str, str]:
         """pool -> bundle name, for every pool the gateway routes to."""

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.configs import ConfigServiceSource, GatewayConfigSync, model_status
 from gateway.demand import DemandTracker
 from gateway.dispatcher import Dispatcher, WorkRequest
 from gateway.health import WorkerHealth
@@ -78,11 +79,18 @@ class Provisioning(Exception):
 
 class GatewayApp:
     def __init__(self, nats_url: str, registry: ModelRegistry, *,
-                 settings: GatewaySettings | None = None, gateway_id: str | None = None) -> None:
+                 settings: GatewaySettings | None = None, gateway_id: str | None = None,
+                 config_url: str | None = None) -> None:
         self.settings = settings or GatewaySettings()
         self.gateway_id = token(gateway_id or default_gateway_id())
         self.registry = registry
-        if not registry.loaded:
+        # With a config service the registry fills from its snapshot (gateway/configs.py).
+        self.config_sync: GatewayConfigSync | None = None
+        if config_url is not None:
+            source = ConfigServiceSource(registry.pool_names())
+            registry.source = source
+            self.config_sync = GatewayConfigSync(self, config_url, source)
+        elif not registry.loaded:
             registry.load()
         self.metrics = GatewayMetrics()
         self.health = WorkerHealth(self.settings.heartbeat_timeout_s)
@@ -98,7 +106,7 @@ class GatewayApp:
         self._status_since = 0.0
 
     # ---- NATS set-up ---------------------------------------------------------------------
-    async def _declare_streams(self, nc: NatsClient, js: JetStreamContext) -> None:
+    async def declare_streams(self, nc: NatsClient, js: JetStreamContext) -> None:
         for pool in self.registry.pools():
             await ensure_work_stream(js, self.settings.stream_spec(pool))
         await ensure_dlq_stream(js, self.settings.stream_file_storage)
@@ -107,16 +115,18 @@ class GatewayApp:
         # Heartbeats went stale while NATS was away: give workers the start-up grace to
         # beat again before calling a warm pool cold (202).
         self._status_since = time.monotonic()
-        await self._declare_streams(nc, js)
+        await self.declare_streams(nc, js)
 
     async def _set_up_nats(self, nc: NatsClient, js: JetStreamContext) -> None:
-        await self._declare_streams(nc, js)
+        await self.declare_streams(nc, js)
         if not self._subscribed:
             await nc.subscribe(inbox_prefix(self.gateway_id) + ".>",
                                cb=self.dispatcher.on_result)
             await nc.subscribe(STATUS_WILDCARD, cb=self._on_status)
             self._subscribed = True
             self._status_since = time.monotonic()
+        if self.config_sync is not None:
+            await self.config_sync.start(nc)
 
     async def _on_status(self, msg: Msg) -> None:
         try:
@@ -133,6 +143,8 @@ class GatewayApp:
         try:
             yield
         finally:
+            if self.config_sync is not None:
+                await self.config_sync.stop()
             await self.link.close()
 
     # ---- the request path ------------------------------------------------------------------
@@ -299,6 +311,8 @@ class GatewayApp:
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.get_model, methods=["GET"]),
+            Route("/v1/configs/models/{model:path}/status",
+                  lambda r: model_status(self, r), methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),

@@ -61,7 +61,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     queue = QueueMode(nats_url=args.nats, pool=args.pool or args.bundle, worker_id=worker_id,
-                      address=f"http://{args.host}:{args.port}")
+                      address=f"http://{args.host}:{args.port}", config_url=args.config)
     return _run_worker(args, queue)
 
 
@@ -69,7 +69,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from gateway.app import parse_pool_pairs, run
 
     run(args.nats, parse_pool_pairs(args.pool or []), host=args.host, port=args.port,
-        log_level=args.log_level, access_log=args.access_log, gateway_id=args.gateway_id)
+        log_level=args.log_level, access_log=args.access_log, gateway_id=args.gateway_id,
+        config_url=args.config)
     return 0
 
 
@@ -120,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--pool", default=os.environ.get("HERON_POOL"),
                         help="pool name (default: the bundle's name)")
     worker.add_argument("--worker-id", default=os.environ.get("HERON_WORKER_ID"))
+    worker.add_argument("--config", default=os.environ.get("HERON_CONFIG_URL"),
+                        help="config service URL: follow it and serve models added live")
     worker.set_defaults(func=cmd_worker)
 
     gateway = sub.add_parser("gateway", help="stateless HTTP edge: routes work to pools "
@@ -132,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a bundle and the pool that serves it (repeatable; default: "
                               "default=default)")
     gateway.add_argument("--gateway-id", default=os.environ.get("HERON_GATEWAY_ID"))
+    gateway.add_argument("--config", default=os.environ.get("HERON_CONFIG_URL"),
+                         help="config service URL: take models from it and follow it")
     gateway.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
     gateway.add_argument("--access-log", action="store_true")
     gateway.set_defaults(func=cmd_gateway)

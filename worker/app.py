@@ -43,6 +43,7 @@ class QueueMode:
     pool: str
     worker_id: str
     address: str = ""  # where this worker's own HTTP API listens (for status)
+    config_url: str | None = None  # follow the config service: models added live
 
 
 class WorkerApp:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,8 @@ import nats
 from nats.aio.client import Client as NATS
 
 from sdk.cluster import WorkStreamSpec
+from sdk.configsync import ConfigFollower, Snapshot
+from sdk.modelconfig import parse_model_config
 from worker.consumer import WorkConsumer
 from worker.registry import ModelRegistry
 from worker.service import InferenceService
@@ -39,6 +42,8 @@ class WorkerCluster:
         self.consumer: WorkConsumer | None = None
         self.status: StatusPublisher | None = None
         self._start_task: asyncio.Task | None = None
+        self.follower: ConfigFollower | None = None
+        self.config_epoch = -1
 
     @property
     def connected(self) -> bool:
@@ -57,11 +62,31 @@ class WorkerCluster:
         self.status = StatusPublisher(self.nc, pool=self.queue.pool,
                                       worker_id=self.queue.worker_id, snapshot=self.snapshot)
         await self.status.start()
+        if self.queue.config_url:
+            self.follower = ConfigFollower(self.queue.config_url,
+                                           bundle=self.registry.bundle.name,
+                                           on_change=self._on_config)
+            await self.follower.start(self.nc)
         # Consume only once the preloaded models are warm: every nak spends a delivery.
         await asyncio.shield(models_loaded)
         self.consumer = WorkConsumer(self.nc, self.service, WorkStreamSpec(pool=self.queue.pool))
         await self.consumer.start()
         log.info("worker %s consuming pool %s", self.queue.worker_id, self.queue.pool)
+
+    def _on_config(self, snapshot: Snapshot) -> None:
+        """A new epoch from the config service: serve what our bundle now lists."""
+        name = self.registry.bundle.name
+        entry = snapshot["bundles"].get(name)
+        if entry is None:
+            log.warning("the config service has no bundle %r", name)
+            return
+        models = tuple(parse_model_config(snapshot["models"][m], f"config service: {m}")
+                       for m in entry["models"])
+        added = self.registry.apply_bundle(dataclasses.replace(self.registry.bundle,
+                                                               models=models))
+        self.config_epoch = int(snapshot["epoch"])
+        if added:
+            log.info("config epoch %d: loading %s", self.config_epoch, ", ".join(added))
 
     def snapshot(self) -> dict[str, Any]:
         entries = self.registry.entries()
@@ -80,6 +105,8 @@ class WorkerCluster:
             self._start_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._start_task
+        if self.follower is not None:
+            await self.follower.stop()
         if self.status is not None:
             await self.status.stop()
         if self.consumer is not None:

@@ -87,6 +87,9 @@ class ModelRegistry:
             self._entries[config.id] = ModelEntry(config)
             for name in (config.id, *config.aliases):
                 self._names[name] = config.id
+        # Ready means these are warm; models added later load without taking readiness away.
+        self._required = tuple(bundle.preload if bundle.preload is not None
+                               else [m.id for m in bundle.models])
         threads = tokenize_threads or max(2, min(4, os.cpu_count() or 2))
         self._tokenize_pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
         self._on_batch = on_batch
@@ -129,8 +132,26 @@ class ModelRegistry:
 
     @property
     def ready(self) -> bool:
-        wanted = self.bundle.preload if self.bundle.preload is not None else list(self._entries)
-        return all(self.entry(n).state is LoadState.READY for n in wanted)
+        return all(self.entry(n).state is LoadState.READY for n in self._required)
+
+    def apply_bundle(self, bundle: Bundle) -> list[str]:
+        """The bundle as the config service now has it: models it gained are added and
+        start loading at once (no restart); known ones take the new config (profiles are
+        only ever added). Returns the ids added."""
+        added = []
+        for config in bundle.models:
+            entry = self._entries.get(config.id)
+            if entry is None:
+                self._entries[config.id] = ModelEntry(config)
+                added.append(config.id)
+            else:
+                entry.config = config
+            for name in (config.id, *config.aliases):
+                self._names.setdefault(name, config.id)
+        self.bundle = bundle
+        for model_id in added:
+            self.start_load(self._entries[model_id])
+        return added
 
     # ---- loading -----------------------------------------------------------------------
     def start_load(self, entry: ModelEntry) -> asyncio.Task:
