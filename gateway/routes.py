@@ -23,10 +23,12 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.auth import ApiKeyMiddleware, api_keys_from_env
 from gateway.configs import ConfigServiceSource, GatewayConfigSync, model_status
 from gateway.demand import DemandTracker
 from gateway.dispatcher import Dispatcher, WorkRequest
@@ -318,7 +320,8 @@ class GatewayApp:
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),
         ]
         app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS,
-                        lifespan=self.lifespan)
+                        lifespan=self.lifespan,
+                        middleware=[Middleware(ApiKeyMiddleware, keys=api_keys_from_env())])
         app.state.gateway = self  # tests and `heron up` reach the live object through here
         return app
 

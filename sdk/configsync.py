@@ -50,13 +50,13 @@ def apply_delta(snapshot: Snapshot, delta: dict[str, Any]) -> bool:
 class ConfigFollower:
     def __init__(self, config_url: str, *, bundle: str | None = None,
                  on_change: OnChange, admin_token: str | None = None,
-                 resync_s: float = 30.0) -> None:
+                 resync_s: float | None = None) -> None:
         self.config_url = config_url.rstrip("/")
         self.subject = config_subject(bundle) if bundle else config_all_subject()
         self.on_change = on_change
         token = admin_token if admin_token is not None else os.environ.get("HERON_ADMIN_TOKEN")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.resync_s = resync_s
+        self.resync_s = resync_s or float(os.environ.get("HERON_CONFIG_RESYNC_S", "30"))
         self.snapshot: Snapshot = {"epoch": -1, "models": {}, "bundles": {}}
         self._pending: list[dict[str, Any]] = []
         self._bootstrapped = False

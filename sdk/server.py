@@ -80,3 +80,13 @@ EXCEPTION_HANDLERS = {
     HTTPException: http_error_handler,
     Exception: unexpected_error_handler,
 }
+
+
+def require_bearer(authorization: str | None, tokens: set[str], what: str) -> None:
+    """401 without a bearer token, 403 with one that is not in ``tokens``."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise HeronError(ErrorCode.UNAUTHORIZED,
+                         f"{what} needs 'Authorization: Bearer <token>'")
+    if token.strip() not in tokens:
+        raise HeronError(ErrorCode.FORBIDDEN, f"this token does not authorise {what}")

@@ -1,0 +1,36 @@
+"""HERON_API_KEYS guards the gateway's inference API; health stays open."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import httpx
+
+from tests.cluster_procs import GatewayProcess
+from tests.nats_server import NatsServer
+
+
+def test_api_keys(nats_server: NatsServer, tmp_path: Path) -> None:
+    gateway = GatewayProcess(nats_server.url, {"default": f"k{uuid.uuid4().hex[:6]}"},
+                             tmp_path, extra_env={"HERON_API_KEYS": "key-a, key-b"})
+    try:
+        gateway.wait_ready()  # /readyz is open
+        url = gateway.url
+        assert httpx.get(url + "/healthz").status_code == 200
+        assert httpx.get(url + "/metrics").status_code == 200
+        body = {"items": ["x"]}
+        none = httpx.post(url + "/v1/encode/minilm", json=body)
+        assert none.status_code == 401 and none.json()["error"]["code"] == "UNAUTHORIZED"
+        wrong = httpx.post(url + "/v1/encode/minilm", json=body,
+                           headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "FORBIDDEN"
+        assert httpx.get(url + "/v1/models").status_code == 401
+        ok = httpx.get(url + "/v1/models", headers={"authorization": "Bearer key-b"})
+        assert ok.status_code == 200
+        # A valid key gets past auth (no worker in this pool, so: provisioning).
+        r = httpx.post(url + "/v1/encode/minilm", json=body,
+                       headers={"authorization": "Bearer key-a"}, timeout=10)
+        assert r.status_code == 202
+    finally:
+        gateway.stop()
