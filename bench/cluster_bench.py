@@ -46,7 +46,8 @@ def local_cluster(bundle: str, data_dir: Path) -> Iterator[tuple[str, str]]:
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "heron.cli", "up", "--port", str(port), "--nats-port",
-             str(nats_port), "--data-dir", str(data_dir), "--bundle", bundle, "--workers", "1"],
+             str(nats_port), "--config-port", "0", "--data-dir", str(data_dir), "--bundle",
+             bundle, "--workers", "1"],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ})
     gateway = f"http://127.0.0.1:{port}"
     try:

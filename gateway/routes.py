@@ -305,6 +305,9 @@ class GatewayApp:
         self.metrics.nats_connected.set(1 if self.link.connected else 0)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    async def config_status(self, request: Request) -> Response:
+        return await model_status(self, request)
+
     def build(self) -> Starlette:
         routes = [
             Route("/v1/encode/{model:path}", self.encode, methods=["POST"]),
@@ -313,8 +316,8 @@ class GatewayApp:
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
             Route("/v1/models/{model:path}", self.get_model, methods=["GET"]),
-            Route("/v1/configs/models/{model:path}/status",
-                  lambda r: model_status(self, r), methods=["GET"]),
+            Route("/v1/configs/models/{model:path}/status", self.config_status,
+                  methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),

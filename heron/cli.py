@@ -74,6 +74,14 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    from config_service.app import run
+
+    run(args.nats, args.store, host=args.host, port=args.port, log_level=args.log_level,
+        instance_id=args.instance_id)
+    return 0
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -83,7 +91,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                         data_dir=Path(args.data_dir), bundle=args.bundle,
                         pool=args.pool or args.bundle, workers=args.workers,
                         min_workers=args.min_workers, max_workers=args.max_workers,
-                        idle_cooldown_s=args.idle_cooldown, log_level=args.child_log_level)
+                        idle_cooldown_s=args.idle_cooldown, log_level=args.child_log_level,
+                        config_port=args.config_port)
     load_bundle(options.bundle)  # a bad bundle fails here, before anything starts
     return asyncio.run(LocalCluster(options).run())
 
@@ -141,12 +150,27 @@ def build_parser() -> argparse.ArgumentParser:
     gateway.add_argument("--access-log", action="store_true")
     gateway.set_defaults(func=cmd_gateway)
 
+    config = sub.add_parser("config", help="the single-writer config service (model configs, "
+                                           "epochs, deltas over JetStream)")
+    config.add_argument("--host", default=os.environ.get("HERON_HOST", "127.0.0.1"))
+    config.add_argument("--port", type=int, default=int(os.environ.get("HERON_PORT", "8090")))
+    config.add_argument("--nats", default=os.environ.get("HERON_NATS_URL",
+                                                         "nats://127.0.0.1:4222"))
+    config.add_argument("--store", default=os.environ.get("HERON_CONFIG_STORE",
+                                                          ".heron/config"),
+                        help="a directory, or s3://bucket/prefix")
+    config.add_argument("--instance-id", default=os.environ.get("HERON_CONFIG_INSTANCE_ID"))
+    config.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
+    config.set_defaults(func=cmd_config)
+
     up = sub.add_parser("up", help="the whole cluster on this machine: nats-server, gateway, "
                                    "workers and a local autoscaler")
     up.add_argument("--host", default=os.environ.get("HERON_HOST", "127.0.0.1"))
     up.add_argument("--port", type=int, default=int(os.environ.get("HERON_PORT", "8080")),
                     help="the gateway's port")
     up.add_argument("--nats-port", type=int, default=4222)
+    up.add_argument("--config-port", type=int, default=8090,
+                    help="the config service's port (0: any free port)")
     up.add_argument("--data-dir", default=os.environ.get("HERON_DATA_DIR", ".heron"),
                     help="JetStream store and logs")
     up.add_argument("--bundle", default=os.environ.get("HERON_BUNDLE", "default"))

@@ -61,6 +61,7 @@ class UpOptions:
     min_workers: int = 1
     max_workers: int = 4
     idle_cooldown_s: float = 60.0
+    config_port: int = 0  # 0: a free port
     log_level: str = "warning"
 
 
@@ -68,6 +69,8 @@ class LocalCluster:
     def __init__(self, options: UpOptions) -> None:
         self.o = options
         self.nats_url = f"nats://127.0.0.1:{options.nats_port}"
+        self.config_url = f"http://127.0.0.1:{options.config_port or free_port()}"
+        self.config: Child | None = None
         self.nats: Child | None = None
         self.gateway: Child | None = None
         self.workers: dict[str, Child] = {}  # worker_id -> child
@@ -99,11 +102,19 @@ class LocalCluster:
             await asyncio.sleep(0.05)
         raise RuntimeError(f"nats-server did not start (see {self.o.data_dir}/logs/nats.log)")
 
+    async def start_config(self) -> None:
+        port = self.config_url.rsplit(":", 1)[1]
+        self.config = await self._spawn(
+            "config", sys.executable, "-m", "heron.cli", "config", "--nats", self.nats_url,
+            "--port", port, "--store", str(self.o.data_dir / "config"), "--log-level",
+            self.o.log_level)
+
     async def start_gateway(self) -> None:
         self.gateway = await self._spawn(
             "gateway", sys.executable, "-m", "heron.cli", "gateway", "--nats", self.nats_url,
             "--host", self.o.host, "--port", str(self.o.port), "--pool",
-            f"{self.o.bundle}={self.o.pool}", "--log-level", self.o.log_level)
+            f"{self.o.bundle}={self.o.pool}", "--config", self.config_url, "--log-level",
+            self.o.log_level)
 
     async def start_worker(self) -> str:
         port = free_port()
@@ -111,7 +122,8 @@ class LocalCluster:
         self.workers[worker_id] = await self._spawn(
             f"worker-{port}", sys.executable, "-m", "heron.cli", "worker", "--nats",
             self.nats_url, "--pool", self.o.pool, "--bundle", self.o.bundle, "--port",
-            str(port), "--worker-id", worker_id, "--log-level", self.o.log_level)
+            str(port), "--worker-id", worker_id, "--config", self.config_url, "--log-level",
+            self.o.log_level)
         print(f"heron up: worker {worker_id} starting (http://127.0.0.1:{port})", flush=True)
         return worker_id
 
@@ -164,6 +176,9 @@ class LocalCluster:
             nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1)
             await nc.subscribe(DEMAND_WILDCARD, cb=self._on_demand)
             await nc.subscribe(STATUS_WILDCARD, cb=self._on_beat)
+            await self.start_config()
+            print(f"heron up: config service on {self.config_url} "
+                  f"(store {self.o.data_dir / 'config'})", flush=True)
             await self.start_gateway()
             print(f"heron up: gateway on http://{self.o.host}:{self.o.port}", flush=True)
             for _ in range(self.o.workers):
@@ -179,7 +194,7 @@ class LocalCluster:
     async def shutdown(self) -> None:
         print("heron up: stopping", flush=True)
         await asyncio.gather(*(self.stop_worker(w) for w in list(self.workers)))
-        for child in (self.gateway, self.nats):
+        for child in (self.gateway, self.config, self.nats):
             if child is not None:
                 await _terminate(child, timeout_s=20)
 

@@ -6,6 +6,7 @@ response, so every server answers errors the same way.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
 from typing import Any
@@ -88,5 +89,6 @@ def require_bearer(authorization: str | None, tokens: set[str], what: str) -> No
     if scheme.lower() != "bearer" or not token.strip():
         raise HeronError(ErrorCode.UNAUTHORIZED,
                          f"{what} needs 'Authorization: Bearer <token>'")
-    if token.strip() not in tokens:
+    # Constant-time comparison: no timing hint of how much of a token matched.
+    if not any(hmac.compare_digest(token.strip().encode(), t.encode()) for t in tokens):
         raise HeronError(ErrorCode.FORBIDDEN, f"this token does not authorise {what}")

@@ -24,7 +24,8 @@ class UpProcess:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "heron.cli", "up", "--port", str(self.port),
-                 "--nats-port", str(self.nats_port), "--data-dir", str(tmp / "data"), *args],
+                 "--nats-port", str(self.nats_port), "--config-port", "0", "--data-dir",
+                 str(tmp / "data"), *args],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
         self.url = f"http://127.0.0.1:{self.port}"

@@ -1,0 +1,82 @@
+"""Build and run a config service: ``create_app`` for tests and embedding, ``serve``/``run``
+for ``heron config`` (and ``python -m config_service``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from pathlib import Path
+
+import uvicorn
+from starlette.applications import Starlette
+
+from config_service.blobs import open_blobs
+from config_service.metrics import ConfigMetrics
+from config_service.routes import ConfigRoutes
+from config_service.service import ConfigService
+from config_service.state import Registry
+from config_service.store import ConfigStore
+from sdk.modelconfig import default_bundles_dir
+
+log = logging.getLogger("heron.config")
+
+DEFAULT_PORT = 8090
+DEFAULT_LEASE_TTL_S = 5.0
+
+
+def default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def create_app(nats_url: str, store_url: str | Path, *, bundles_dir: Path | None = None,
+               admin_token: str | None = None, instance_id: str | None = None,
+               lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> Starlette:
+    """A config service app. The bundles dir (epoch 0's content) is read here, so a bad
+    bundle stops it before it binds (ConfigError); the store is read, NATS connected and
+    the writer lease sought in the app's lifespan, retried until they answer.
+
+    ``store_url``: a directory, or ``s3://bucket/prefix`` (endpoint from AWS_ENDPOINT_URL
+    or HERON_S3_ENDPOINT). ``admin_token`` defaults to HERON_ADMIN_TOKEN; without one,
+    writes and /export are open."""
+    base = Registry.from_bundles_dir(bundles_dir or default_bundles_dir())
+    token = admin_token if admin_token is not None else os.environ.get("HERON_ADMIN_TOKEN")
+    if not token:
+        log.warning("HERON_ADMIN_TOKEN is not set: config writes and /export are open")
+    store = ConfigStore(open_blobs(store_url))
+    service = ConfigService(nats_url, store, base,
+                            instance_id=instance_id or default_instance_id(),
+                            lease_ttl_s=lease_ttl_s, metrics=ConfigMetrics())
+    return ConfigRoutes(service, token or None).build()
+
+
+def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "info",
+                   access_log: bool = False) -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                          access_log=access_log)
+
+
+async def serve(nats_url: str, store_url: str | Path, *, host: str = "127.0.0.1",
+                port: int = DEFAULT_PORT, log_level: str = "info", access_log: bool = False,
+                bundles_dir: Path | None = None, admin_token: str | None = None,
+                instance_id: str | None = None,
+                lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+    """Serve until SIGINT/SIGTERM, on the running event loop."""
+    app = create_app(nats_url, store_url, bundles_dir=bundles_dir, admin_token=admin_token,
+                     instance_id=instance_id, lease_ttl_s=lease_ttl_s)
+    await uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
+                                        access_log=access_log)).serve()
+
+
+def run(nats_url: str, store_url: str | Path, *, host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT, log_level: str = "info", access_log: bool = False,
+        bundles_dir: Path | None = None, admin_token: str | None = None,
+        instance_id: str | None = None, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+    """Blocking: build the app (ConfigError before binding) and serve it."""
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(nats_url, store_url, bundles_dir=bundles_dir, admin_token=admin_token,
+                     instance_id=instance_id, lease_ttl_s=lease_ttl_s)
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
+                                  access_log=access_log)).run()

@@ -1,0 +1,113 @@
+"""Reading a POST /v1/configs/models body: size limit, YAML or JSON (or msgpack) by
+Content-Type, the optional ``bundles`` list, the schema (sdk.modelconfig, the one the worker
+loads with), and the rules a model id must follow to be safe in paths, URLs and S3 keys."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from starlette.requests import Request
+
+from sdk import wire
+from sdk.errors import ErrorCode, HeronError, invalid_field
+from sdk.modelconfig import ConfigError, ModelConfig, parse_model_config
+
+MAX_CONFIG_BYTES = 1 << 20  # 1 MiB
+MAX_ID_CHARS = 200
+_YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml",
+               "text/plain")
+_SEGMENT = r"[A-Za-z0-9_][A-Za-z0-9._+-]*"
+_SAFE_ID = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*")
+
+
+@dataclass(frozen=True, slots=True)
+class PostedModel:
+    model: ModelConfig
+    bundles: list[str] | None  # None: the model's adapter picks them
+
+
+async def read_raw(request: Request, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
+                         f"body of {declared} bytes is over the {limit}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE, f"body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """safe_load without anchors/aliases: a 1 MiB body cannot expand into gigabytes."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "YAML aliases are not accepted",
+                                              event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def decode(raw: bytes, content_type: str | None) -> Any:
+    """YAML for YAML types, for no type and for curl's default form type (YAML reads JSON
+    too); JSON for JSON types; msgpack for msgpack types; anything else is 415."""
+    if not raw.strip():
+        raise HeronError(ErrorCode.MALFORMED_BODY, "request body is empty")
+    value = (content_type or "").split(";")[0].strip().lower()
+    fmt = wire.media_type(value) if value not in ("", "*/*") else None
+    if fmt is not None:
+        return wire.decode(raw, fmt)
+    if value and value not in _YAML_TYPES and value != "application/x-www-form-urlencoded":
+        raise HeronError(ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                         f"Content-Type {content_type!r} is not supported; use "
+                         f"application/yaml or application/json")
+    try:
+        return yaml.load(raw.decode("utf-8"), Loader=_NoAliasLoader)
+    except UnicodeDecodeError as exc:
+        raise HeronError(ErrorCode.MALFORMED_BODY, f"body is not UTF-8: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise HeronError(ErrorCode.MALFORMED_BODY,
+                         f"body is not valid YAML: {' '.join(str(exc).split())}") from exc
+
+
+def check_name(name: str, field: str) -> None:
+    """Model ids and aliases: ``org/name`` segments of letters, digits and ``._+-``; no
+    ``..``, spaces or leading ``/``; at most 200 characters."""
+    if len(name) > MAX_ID_CHARS:
+        raise invalid_field(field, f"is longer than {MAX_ID_CHARS} characters")
+    if ".." in name or not _SAFE_ID.fullmatch(name):
+        raise invalid_field(field, f"{name!r} is not a safe model name: use segments of "
+                            "letters, digits and ._+- joined by '/', with no '..', spaces "
+                            "or leading '/'")
+
+
+def parse_posted(data: Any) -> PostedModel:
+    if not isinstance(data, dict):
+        raise HeronError(ErrorCode.MALFORMED_BODY,
+                         "body must be a mapping (a model config), not "
+                         f"{type(data).__name__}")
+    data = dict(data)
+    bundles = data.pop("bundles", None)
+    if bundles is not None and (not isinstance(bundles, list) or not bundles or
+                                not all(isinstance(b, str) and b for b in bundles)):
+        raise invalid_field("bundles", "must be a non-empty list of bundle names")
+    try:
+        model = parse_model_config(data, "body")
+    except ConfigError as exc:
+        raise invalid_field(exc.field, exc.reason) from exc
+    check_name(model.id, "id")
+    for i, alias in enumerate(model.aliases):
+        check_name(alias, f"aliases[{i}]")
+    return PostedModel(model, sorted(set(bundles)) if bundles is not None else None)
+
+
+def body_digest(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()

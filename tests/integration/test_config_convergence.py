@@ -1,0 +1,116 @@
+"""Gateways and workers follow the config service: a POSTed model routes and serves on a
+live cluster without restarts; late and cut-off gateways converge (real processes)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cluster_procs import ConfigProcess, GatewayProcess, WorkerProcess
+from tests.nats_server import NatsServer
+from tests.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.slow
+RESYNC = {"HERON_CONFIG_RESYNC_S": "1"}
+
+
+def tiny_config(model_id: str, path: Path) -> dict:
+    return {"id": model_id, "adapter": "dense", "source": {"path": str(path)},
+            "profiles": {"default": {"pooling": "mean", "max_sequence_length": 64}},
+            "bundles": ["default"]}
+
+
+def wait(check: Callable[[], bool], timeout_s: float = 30, every: float = 0.05) -> float:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout_s, "timed out"
+        time.sleep(every)
+    return time.monotonic() - started
+
+
+def model_ids(gateway: GatewayProcess) -> set[str]:
+    r = httpx.get(gateway.url + "/v1/models", timeout=5)
+    return {m["id"] for m in r.json()["data"]} if r.status_code == 200 else set()
+
+
+@pytest.fixture()
+def config(nats_server: NatsServer, tmp_path: Path) -> Iterator[ConfigProcess]:
+    service = ConfigProcess(nats_server.url, str(tmp_path / "store"), tmp_path)
+    service.wait_ready()
+    yield service
+    service.stop()
+
+
+def test_post_routes_within_a_second_and_serves_without_restart(
+        nats_server: NatsServer, config: ConfigProcess, tmp_path: Path,
+        tiny_models: dict[str, Path]) -> None:
+    pool = f"c{uuid.uuid4().hex[:8]}"
+    args = ["--config", config.url]
+    worker = WorkerProcess(nats_server.url, pool, tmp_path, extra_args=args)
+    gateway = GatewayProcess(nats_server.url, {"default": pool}, tmp_path, extra_args=args,
+                             extra_env=RESYNC)
+    try:
+        worker.wait_ready()
+        gateway.wait_ready()
+        assert "sentence-transformers/all-MiniLM-L6-v2" in model_ids(gateway)
+        model_id = f"live/{uuid.uuid4().hex[:6]}"
+        posted = time.monotonic()
+        r = httpx.post(config.url + "/v1/configs/models",
+                       json=tiny_config(model_id, tiny_models["tiny-sentencepiece"]))
+        assert r.status_code == 201, r.text
+        wait(lambda: model_id in model_ids(gateway), timeout_s=10)
+        routed_after = time.monotonic() - posted
+        print(f"gateway routes the new model {routed_after:.3f}s after its POST")
+        assert routed_after < 2.0
+        # The worker loads it live; the gateway's answer comes from it.
+        def encoded() -> bool:
+            resp = httpx.post(gateway.url + f"/v1/encode/{model_id}",
+                              json={"items": ["hello live model"]}, timeout=30)
+            return resp.status_code == 200 and len(resp.json()["items"][0]["dense"]) == 32
+        wait(encoded, timeout_s=60, every=0.3)
+        status = httpx.get(gateway.url + f"/v1/configs/models/{model_id}/status").json()
+        assert "applied_by" in status, status
+        assert status["applied_by"] == 1 and status["workers"][0]["state"] == "ready"
+        assert status["workers"][0]["bundle_hash_matches"] is True
+    finally:
+        worker.stop()
+        gateway.stop()
+
+
+def test_late_and_cut_off_gateways_converge(nats_server: NatsServer, config: ConfigProcess,
+                                            tmp_path: Path,
+                                            tiny_models: dict[str, Path]) -> None:
+    pool = f"c{uuid.uuid4().hex[:8]}"
+    proxy = TcpProxy(nats_server.port).open()
+    cut_off = GatewayProcess(proxy.url, {"default": pool}, tmp_path,
+                             extra_args=["--config", config.url], extra_env=RESYNC)
+    try:
+        cut_off.wait_ready()
+        proxy.cut()  # this gateway loses NATS: it will miss every delta below
+        ids = [f"batch/{uuid.uuid4().hex[:6]}-{i}" for i in range(10)]
+        for model_id in ids:
+            r = httpx.post(config.url + "/v1/configs/models",
+                           json=tiny_config(model_id, tiny_models["tiny-dense-cls"]))
+            assert r.status_code == 201, r.text
+        late = GatewayProcess(nats_server.url, {"default": pool}, tmp_path,
+                              extra_args=["--config", config.url], extra_env=RESYNC)
+        try:
+            late.wait_ready()
+            wait(lambda: set(ids) <= model_ids(late), timeout_s=10)
+            proxy.open()
+            wait(lambda: set(ids) <= model_ids(cut_off), timeout_s=30)
+            assert model_ids(late) == model_ids(cut_off)
+            epoch = httpx.get(config.url + "/v1/configs/epoch").json()["epoch"]
+            for gw in (late, cut_off):
+                status = httpx.get(gw.url + f"/v1/configs/models/{ids[-1]}/status").json()
+                assert status["epoch"] == epoch
+        finally:
+            late.stop()
+    finally:
+        cut_off.stop()
+        proxy.close()
