@@ -9,6 +9,7 @@ and forgotten when it completes, fails or passes its deadline: late results are 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -159,7 +160,12 @@ class Dispatcher:
 
     # ---- results ------------------------------------------------------------------------
     async def on_result(self, msg: Msg) -> None:
-        """Inbox callback: one result message for one slice of one request."""
+        """Inbox callback: one result message for one slice of one request. Every result
+        is acknowledged (even a late or duplicate one): the worker acks its work item only
+        after this, so a result lost in transit (NATS restarting) is computed again."""
+        if msg.reply:
+            with contextlib.suppress(Exception):
+                await msg.respond(b"")
         try:
             message = wire.decode(msg.data, wire.MSGPACK)
             request_id = message["request_id"]

@@ -78,7 +78,8 @@ def cmd_config(args: argparse.Namespace) -> int:
     from config_service.app import run
 
     run(args.nats, args.store, host=args.host, port=args.port, log_level=args.log_level,
-        instance_id=args.instance_id)
+        instance_id=args.instance_id, lease_ttl_s=args.lease_ttl,
+        bundles_dir=Path(args.bundles_dir) if args.bundles_dir else None)
     return 0
 
 
@@ -160,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                           ".heron/config"),
                         help="a directory, or s3://bucket/prefix")
     config.add_argument("--instance-id", default=os.environ.get("HERON_CONFIG_INSTANCE_ID"))
+    config.add_argument("--lease-ttl", type=float, default=5.0,
+                        help="seconds the writer lease lasts without renewal")
+    config.add_argument("--bundles-dir", default=None,
+                        help="epoch 0's bundles (default: HERON_BUNDLES_DIR or bundles/)")
     config.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
     config.set_defaults(func=cmd_config)
 

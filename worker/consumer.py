@@ -2,7 +2,8 @@
 consumer and feeds them through the same InferenceService (and batcher) as the HTTP API.
 
 Delivery rules (see sdk/cluster.py for the names and the message format):
-- ack only after the result is published to the caller's inbox;
+- ack only after the gateway confirmed the result (a request/reply on its inbox): a result
+  lost in transit, e.g. while NATS restarts, means a nak and the item is computed again;
 - model not loaded yet, or its queue full: start the load and ``nak(delay)``;
 - ``in_progress()`` every half ack-wait while an item computes, so a live worker's items
   are never redelivered and a dead worker's come back within one ack wait;
@@ -21,6 +22,7 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 
@@ -44,6 +46,8 @@ log = logging.getLogger("heron.worker.consumer")
 _PARSERS = {"encode": EncodeRequest.from_wire, "score": ScoreRequest.from_wire,
             "extract": ExtractRequest.from_wire}
 _RETRY_LATER = (ErrorCode.MODEL_LOADING, ErrorCode.QUEUE_FULL)
+RESULT_ACK_TIMEOUT_S = 2.0
+NO_RESPONDERS_BACKOFF_S = (0.25, 0.5, 1.0, 2.0)
 
 
 class WorkConsumer:
@@ -151,7 +155,9 @@ class WorkConsumer:
                 message = result_message(request_id, start, count, body=body,
                                          error=None if error is None else
                                          error.to_body()["error"], timings=timings)
-                await self.nc.publish(reply, wire.encode(message, wire.MSGPACK))
+                if not await self._deliver(reply, wire.encode(message, wire.MSGPACK)):
+                    await msg.nak(delay=1.0)  # not confirmed: compute and send it again
+                    return
             await msg.ack()
             self.handled += 1
 
@@ -177,6 +183,28 @@ class WorkConsumer:
         t = outcome.timings
         await answer(body=outcome.body, timings={"tokenize": t.tokenize, "queue": t.queue,
                                                  "inference": t.inference})
+
+    async def _deliver(self, reply: str, data: bytes) -> bool:
+        """Send a result and wait for the gateway's confirmation. True: confirmed, or no
+        gateway listens any more (nobody to answer: done). False: unconfirmed (NATS
+        restarting): the item must be computed and sent again.
+
+        "No responders" right after a NATS restart can mean the gateway has not
+        re-subscribed yet (we reconnected first): ask again for a moment before deciding
+        that nobody is there."""
+        for pause in (*NO_RESPONDERS_BACKOFF_S, None):
+            try:
+                await self.nc.request(reply, data, timeout=RESULT_ACK_TIMEOUT_S)
+                return True
+            except NoRespondersError:
+                if pause is None:
+                    log.info("no gateway listens on %s any more; dropping its result", reply)
+                    return True
+                await asyncio.sleep(pause)
+            except Exception as exc:  # timeout, or the connection went away meanwhile
+                log.warning("result on %s not confirmed (%s); will redo it", reply, exc)
+                return False
+        return True
 
     async def _run(self, headers: dict[str, str], data: bytes,
                    deadline: float | None) -> Outcome:

@@ -53,6 +53,7 @@ async def test_out_of_deliveries_goes_to_dlq_and_the_caller_hears(
             request_id="r1", task="encode", model="m", reply=inbox, start=0, count=1,
             deadline=None, priority=0))
         msg = await sub.next_msg(timeout=10)
+        await msg.respond(b"")
         result = wire.decode(msg.data, wire.MSGPACK)
         assert result["request_id"] == "r1"
         assert result["error"]["code"] == "MODEL_LOADING"

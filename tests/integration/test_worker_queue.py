@@ -58,6 +58,7 @@ async def _roundtrip(nats_url: str, pool: str, requests: list[tuple[str, dict, f
     async def on_result(msg) -> None:
         nonlocal received
         received += 1
+        await msg.respond(b"")  # confirm, as a gateway does
         body = wire.decode(msg.data, wire.MSGPACK)
         results[body["request_id"]] = body
         if len(results) == len(requests):
@@ -77,7 +78,12 @@ async def _roundtrip(nats_url: str, pool: str, requests: list[tuple[str, dict, f
         if not allow_partial:
             raise
     finally:
-        left = (await js.stream_info(work_stream(pool))).state.messages
+        # Workers ack right after the confirmation we sent: give the acks a moment to land.
+        for _ in range(40):
+            left = (await js.stream_info(work_stream(pool))).state.messages
+            if left == 0 or not done.is_set():
+                break
+            await asyncio.sleep(0.05)
         await nc.close()
     results["_left_in_stream"] = {"messages": left, "received": received}
     return results
