@@ -133,6 +133,10 @@ class ModelRegistry:
 
     def resolve(self, name: str) -> ModelRoute:
         route = self._routes.get(name)
+        if route is None and not self.loaded:
+            # Waiting for the config service's first snapshot: not "unknown model" yet.
+            raise HeronError(ErrorCode.NOT_READY, "the model registry is not loaded yet "
+                             "(waiting for the config service)", retry_after_s=1.0)
         if route is None:
             raise HeronError(ErrorCode.MODEL_NOT_FOUND,
                              f"model {name!r} is not served here; GET /v1/models lists "

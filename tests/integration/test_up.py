@@ -68,7 +68,7 @@ class UpProcess:
 def test_scale_from_zero_then_idle_scale_down(tmp_path: Path, http: httpx.Client) -> None:
     up = UpProcess(tmp_path, "--workers", "0", "--min-workers", "0", "--idle-cooldown", "3")
     try:
-        up.wait_for(lambda: httpx.get(up.url + "/healthz", timeout=1).status_code == 200)
+        up.wait_for(lambda: httpx.get(up.url + "/readyz", timeout=1).status_code == 200)
         body = {"items": ["wake the pool"]}
         first = httpx.post(up.url + "/v1/encode/minilm", json=body, timeout=10)
         assert first.status_code == 202, first.text

@@ -117,3 +117,18 @@ def test_pool_pairs() -> None:
     for bad in (["=x"], ["a="], ["a=x", "a=y"]):
         with pytest.raises(ConfigError):
             parse_pool_pairs(bad)
+
+
+def test_unloaded_registry_answers_not_ready_not_unknown() -> None:
+    from gateway.configs import ConfigServiceSource
+    from gateway.registry import ModelRegistry
+    from sdk.errors import ErrorCode, HeronError
+
+    registry = ModelRegistry(ConfigServiceSource({"default": "default"}))
+    try:
+        registry.resolve("minilm")
+    except HeronError as exc:
+        assert exc.code is ErrorCode.NOT_READY and exc.status == 503
+        assert exc.retry_after_s
+    else:
+        raise AssertionError("resolved a model before any config arrived")
