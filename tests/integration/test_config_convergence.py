@@ -114,3 +114,34 @@ def test_late_and_cut_off_gateways_converge(nats_server: NatsServer, config: Con
     finally:
         cut_off.stop()
         proxy.close()
+
+
+def test_followers_need_the_admin_token_for_export(nats_server: NatsServer,
+                                                   tmp_path: Path) -> None:
+    token = {"HERON_ADMIN_TOKEN": "s3cret"}
+    service = ConfigProcess(nats_server.url, str(tmp_path / "store"), tmp_path,
+                            extra_env=token)
+    service.wait_ready()
+    pool = f"c{uuid.uuid4().hex[:8]}"
+    args = ["--config", service.url]
+    with_token = GatewayProcess(nats_server.url, {"default": pool}, tmp_path,
+                                extra_args=args, extra_env=token)
+    without = GatewayProcess(nats_server.url, {"default": pool}, tmp_path, extra_args=args,
+                             extra_env={"HERON_ADMIN_TOKEN": ""})
+    try:
+        with_token.wait_ready()
+        assert "sentence-transformers/all-MiniLM-L6-v2" in model_ids(with_token)
+        # Without the token the export is refused: the gateway stays not ready, and says
+        # so instead of answering "unknown model".
+        time.sleep(1.5)
+        assert httpx.get(without.url + "/readyz").status_code == 503
+        r = httpx.post(without.url + "/v1/encode/minilm", json={"items": ["x"]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "NOT_READY"
+        # An inference key is no admin token: it cannot write configs.
+        r = httpx.post(service.url + "/v1/configs/models", json={"id": "x/y"},
+                       headers={"authorization": "Bearer some-inference-key"})
+        assert r.status_code == 403
+    finally:
+        with_token.stop()
+        without.stop()
+        service.stop()
