@@ -22,7 +22,7 @@ from sdk.modelconfig import (
     ModelConfig,
     load_bundle,
 )
-from sdk.types import EncodeRequest
+from sdk.types import EncodeRequest, check_outputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,20 +154,10 @@ class ModelRegistry:
 
 
 def check_encode_outputs(route: ModelRoute, req: EncodeRequest) -> None:
-    """The output checks a worker would make that need only the model's adapter (the same
-    codes and messages as worker/service.py). Checks needing the weights (``dims`` over the
-    hidden size, ``truncate: false`` on a too-long text) stay with the worker."""
-    supported = route.output_types
-    unsupported = [t for t in req.output_types if t not in supported]
-    if unsupported:
-        raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
-                         f"output_types: model {route.model_id} does not produce "
-                         f"{unsupported}; it supports {sorted(supported)}",
-                         field="output_types")
-    if "sparse" in req.output_types and req.output_dtype not in ("float32", "float16"):
-        raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
-                         "output_dtype: sparse outputs are float32 or float16",
-                         field="output_dtype")
+    """The worker's adapter-only output checks, here too (sdk.types.check_outputs). Checks
+    needing the weights (``dims`` over the hidden size, ``truncate: false`` on a too-long
+    text) stay with the worker."""
+    check_outputs(route.model_id, route.output_types, req)
 
 
 def describe(route: ModelRoute, state: str) -> dict[str, Any]:

@@ -234,6 +234,21 @@ class ExtractRequest:
         return out
 
 
+def check_outputs(model_id: str, supported: frozenset[str], req: EncodeRequest) -> None:
+    """The output checks that need only the model's adapter (422 UNSUPPORTED_OUTPUT): the
+    worker runs them, and the gateway too, so a bad request never reaches a queue."""
+    unsupported = [t for t in req.output_types if t not in supported]
+    if unsupported:
+        raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
+                         f"output_types: model {model_id} does not produce "
+                         f"{unsupported}; it supports {sorted(supported)}",
+                         field="output_types")
+    if "sparse" in req.output_types and req.output_dtype not in ("float32", "float16"):
+        raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
+                         "output_dtype: sparse outputs are float32 or float16",
+                         field="output_dtype")
+
+
 def _require_object(body: Any) -> Mapping[str, Any]:
     if not isinstance(body, Mapping):
         raise HeronError(ErrorCode.MALFORMED_BODY, "body must be an object")

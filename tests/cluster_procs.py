@@ -52,76 +52,57 @@ class WorkerProcess:
         return self.proc.returncode
 
 
-class GatewayProcess:
+class ChildProcess:
+    """A `heron ...` child on a free port: wait for /readyz, stop by PID."""
+
+    def __init__(self, kind: str, args: list[str], log_dir: Path,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.log_path = log_dir / f"{kind}-{self.port}.log"
+        cmd = [sys.executable, "-m", "heron.cli", kind, "--port", str(self.port),
+               "--log-level", "warning", *args]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                         env={**os.environ, **(extra_env or {})})
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log_path.read_text()
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(self.log_path.read_text())
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+class GatewayProcess(ChildProcess):
     def __init__(self, nats_url: str, pools: dict[str, str], log_dir: Path,
                  extra_env: dict[str, str] | None = None,
                  extra_args: list[str] | None = None) -> None:
-        self.port = free_port()
-        self.log_path = log_dir / f"gateway-{self.port}.log"
-        cmd = [sys.executable, "-m", "heron.cli", "gateway", "--nats", nats_url, "--port",
-               str(self.port), "--log-level", "warning", *(extra_args or [])]
+        args = ["--nats", nats_url, *(extra_args or [])]
         for bundle, pool in pools.items():
-            cmd += ["--pool", f"{bundle}={pool}"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                         env={**os.environ, **(extra_env or {})})
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log_path.read_text()
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(self.log_path.read_text())
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
+            args += ["--pool", f"{bundle}={pool}"]
+        super().__init__("gateway", args, log_dir, extra_env)
 
 
-class ConfigProcess:
-    """`heron config` (the config service) on a free port with its own store."""
+class ConfigProcess(ChildProcess):
+    """`heron config` (the config service) with its own store."""
 
     def __init__(self, nats_url: str, store: str, log_dir: Path,
                  extra_env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.log_path = log_dir / f"config-{self.port}.log"
-        cmd = [sys.executable, "-m", "heron.cli", "config", "--nats", nats_url, "--store",
-               store, "--port", str(self.port), "--log-level", "warning"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                         env={**os.environ, **(extra_env or {})})
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout_s: float = 30) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log_path.read_text()
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(self.log_path.read_text())
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
+        super().__init__("config", ["--nats", nats_url, "--store", store], log_dir,
+                         extra_env)

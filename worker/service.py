@@ -22,6 +22,7 @@ from sdk.types import (
     RequestOptions,
     ScoreRequest,
     SparseVector,
+    check_outputs,
     wire_array,
 )
 from worker.adapters import TextInput, Tokenized
@@ -105,17 +106,7 @@ class InferenceService:
     # ---- encode ------------------------------------------------------------------------
     async def encode(self, model: str, req: EncodeRequest) -> Outcome:
         entry, runner = self._runner_for(model, "encode")
-        supported = runner.adapter.output_types
-        unsupported = [t for t in req.output_types if t not in supported]
-        if unsupported:
-            raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
-                             f"output_types: model {entry.config.id} does not produce "
-                             f"{unsupported}; it supports {sorted(supported)}",
-                             field="output_types")
-        if "sparse" in req.output_types and req.output_dtype not in ("float32", "float16"):
-            raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
-                             "output_dtype: sparse outputs are float32 or float16",
-                             field="output_dtype")
+        check_outputs(entry.config.id, runner.adapter.output_types, req)
         if req.dims is not None and "dense" in req.output_types and runner.adapter.hidden_size \
                 and req.dims > runner.adapter.hidden_size:
             raise HeronError(ErrorCode.INVALID_FIELD,
