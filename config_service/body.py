@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from starlette.requests import Request
 
-from sdk import wire
+from sdk import server, wire
 from sdk.errors import ErrorCode, HeronError, invalid_field
 from sdk.modelconfig import ConfigError, ModelConfig, parse_model_config
 
@@ -31,18 +31,7 @@ class PostedModel:
 
 
 async def read_raw(request: Request, limit: int = MAX_CONFIG_BYTES) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
-                         f"body of {declared} bytes is over the {limit}-byte limit")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE, f"body is over the {limit}-byte limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await server.read_raw(request, limit)
 
 
 class _NoAliasLoader(yaml.SafeLoader):

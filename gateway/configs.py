@@ -89,7 +89,11 @@ class GatewayConfigSync:
             self.gateway.health.expect(pool, bundle, registry.bundle_hash(pool))
         link = self.gateway.link
         if link.ready and link.nc is not None:
-            await self.gateway.declare_streams(link.nc, link.js)
+            try:  # new pools' streams; best effort: a reconnect declares them again
+                await self.gateway.declare_streams(link.nc, link.js)
+            except Exception as exc:
+                log.warning("declaring streams after config epoch %s failed: %s",
+                            snapshot.get("epoch"), exc)
         log.info("config epoch %s applied: %d models", snapshot.get("epoch"),
                  len(registry.models()))
 

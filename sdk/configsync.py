@@ -140,6 +140,9 @@ class ConfigFollower:
             await self._notify()
 
     async def _notify(self) -> None:
-        result = self.on_change(copy.deepcopy(self.snapshot))
-        if asyncio.iscoroutine(result):
-            await result
+        try:
+            result = self.on_change(copy.deepcopy(self.snapshot))
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:  # the follower keeps following whatever a listener does
+            log.exception("applying config epoch %d failed", self.epoch)

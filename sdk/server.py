@@ -25,6 +25,11 @@ log = logging.getLogger("heron.http")
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> tuple[Any, str]:
     """Decode the request body (413 past ``limit``, 400 malformed, 415 unknown type)."""
     fmt = wire.request_format(request.headers.get("content-type"))
+    return wire.decode(await read_raw(request, limit), fmt), fmt
+
+
+async def read_raw(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The raw body, 413 past ``limit`` (declared or streamed: chunked bodies too)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
@@ -37,7 +42,7 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> tuple[Any,
             raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
                              f"body is over the {limit}-byte limit")
         chunks.append(chunk)
-    return wire.decode(b"".join(chunks), fmt), fmt
+    return b"".join(chunks)
 
 
 def respond(request: Request, body: Any, *, status: int = 200, request_fmt: str | None = None,
