@@ -18,7 +18,6 @@ from starlette.responses import Response
 
 from gateway.registry import PoolBundle
 from sdk.configsync import ConfigFollower, Snapshot
-from sdk.errors import ErrorCode, HeronError
 from sdk.modelconfig import Bundle, ConfigError, parse_model_config
 from sdk.server import respond
 
@@ -122,7 +121,3 @@ async def model_status(gateway: GatewayApp, request: Request) -> Response:
     if not workers:
         body["note"] = "no worker of this pool is beating"
     return respond(request, body)
-
-
-def not_configured() -> HeronError:
-    return HeronError(ErrorCode.NOT_FOUND, "this gateway does not follow a config service")

@@ -5,9 +5,7 @@ server on loopback, and reading deltas back from JetStream."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -26,8 +24,9 @@ from nats.js.errors import NotFoundError
 from config_service.app import create_app
 from sdk import wire
 from sdk.cluster import CONFIG_STREAM
+from tests.cluster_procs import ChildProcess
 from tests.nats_server import NatsServer
-from tests.servers import REPO, free_port
+from tests.servers import free_port
 
 ADMIN = "s3cret-admin"
 
@@ -115,22 +114,18 @@ def wait_status(url: str, timeout_s: float, *, leader: bool | None = None,
     raise TimeoutError(f"{url} not ready (leader={leader}): {last}")
 
 
-class ConfigProcess:
-    """``python -m config_service`` as a child process (so a test can kill -9 it)."""
+class ConfigProcess(ChildProcess):
+    """The config service as a child process (so a test can kill -9 it), with the admin
+    token set."""
 
     def __init__(self, nats_url: str, store: str | Path, bundles_dir: Path, log_dir: Path,
                  *, lease_ttl_s: float = 2.0, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"config-{self.port}.log"
-        cmd = [sys.executable, "-m", "config_service", "--nats", nats_url, "--store",
-               str(store), "--port", str(self.port), "--bundles-dir", str(bundles_dir),
-               "--lease-ttl", str(lease_ttl_s), "--log-level", "info",
-               "--instance-id", f"config-{self.port}"]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                         env={**os.environ, "HERON_ADMIN_TOKEN": ADMIN,
-                                              **(env or {})})
+        port = free_port()
+        super().__init__("config", ["--nats", nats_url, "--store", str(store),
+                                    "--bundles-dir", str(bundles_dir), "--lease-ttl",
+                                    str(lease_ttl_s), "--log-level", "info",
+                                    "--instance-id", f"config-{port}"],
+                         log_dir, {"HERON_ADMIN_TOKEN": ADMIN, **(env or {})}, port=port)
         self.headers = {"Authorization": f"Bearer {ADMIN}"}
 
     def status(self) -> dict[str, Any]:
@@ -139,15 +134,6 @@ class ConfigProcess:
     def post(self, body: dict[str, Any]) -> httpx.Response:
         return httpx.post(f"{self.url}/v1/configs/models", json=body, headers=self.headers,
                           timeout=30)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,6 @@ class Timings:
     queue: float = 0.0
     inference: float = 0.0
     total: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
 
     def server_timing(self) -> str:
         phases = {"tokenize": self.tokenize, "queue": self.queue,
