@@ -33,6 +33,8 @@ class ErrorCode(StrEnum):
     CONTENT_CONFLICT = "CONTENT_CONFLICT"
     UNAUTHORIZED = "UNAUTHORIZED"
     FORBIDDEN = "FORBIDDEN"
+    POOL_NOT_FOUND = "POOL_NOT_FOUND"
+    POOL_CONFLICT = "POOL_CONFLICT"
 
 
 STATUS_BY_CODE: dict[ErrorCode, int] = {
@@ -58,6 +60,8 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.CONTENT_CONFLICT: 409,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,
+    ErrorCode.POOL_NOT_FOUND: 404,
+    ErrorCode.POOL_CONFLICT: 409,
 }
 
 
