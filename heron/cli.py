@@ -1,5 +1,6 @@
-"""The ``heron`` command: ``serve`` (single node), ``up`` (local cluster), ``gateway`` and
-``worker`` (each part alone, the shape Kubernetes runs); ``config`` arrives with #4."""
+"""The ``heron`` command: ``serve`` (single node), ``up`` (local cluster), ``gateway``,
+``worker`` and ``config`` (each part alone, the shape Kubernetes runs), and the client
+commands ``encode``, ``score``, ``extract`` and ``models`` (heron/client_cli.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from heron.client_cli import add_client_commands
 from sdk.modelconfig import Bundle, ConfigError, load_bundle, load_model_config
 
 if TYPE_CHECKING:
@@ -190,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
     up.add_argument("--child-log-level", default="warning")
     up.set_defaults(func=cmd_up)
+    add_client_commands(sub)
     return parser
 
 
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "command", None) == "up" and args.min_workers is None:
         args.min_workers = args.workers
-    logging.basicConfig(level=args.log_level.upper() if hasattr(args, "log_level") else "INFO",
+    logging.basicConfig(level=args.log_level.upper() if hasattr(args, "log_level") else "WARNING",
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         return args.func(args)

@@ -1,8 +1,32 @@
-"""Heron SDK: the client, the shared wire format, request/result types and errors."""
+"""Heron SDK: ``Client``/``AsyncClient``, typed results and errors, and the wire format and
+request types the servers share (docs/sdk.md)."""
 
-from sdk.client import Client
-from sdk.errors import ErrorCode, HeronError
+from sdk.aio import AsyncClient, AsyncPool
+from sdk.client import Client, Pool
+from sdk.errors import (
+    ConnectionError,
+    ErrorCode,
+    HeronError,
+    ModelNotFound,
+    PoolError,
+    ProvisioningTimeout,
+    RequestError,
+    ServerError,
+)
+from sdk.results import (
+    Embedding,
+    EncodeResult,
+    Entity,
+    ExtractedItem,
+    ExtractResult,
+    ScoredItem,
+    ScoreResult,
+    SparseVector,
+)
 from sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
 
-__all__ = ["Client", "EncodeRequest", "ErrorCode", "ExtractRequest", "HeronError", "Item",
-           "ScoreRequest"]
+__all__ = ["AsyncClient", "AsyncPool", "Client", "ConnectionError", "Embedding",
+           "EncodeRequest", "EncodeResult", "Entity", "ErrorCode", "ExtractRequest",
+           "ExtractResult", "ExtractedItem", "HeronError", "Item", "ModelNotFound", "Pool",
+           "PoolError", "ProvisioningTimeout", "RequestError", "ScoreRequest", "ScoreResult",
+           "ScoredItem", "ServerError", "SparseVector"]

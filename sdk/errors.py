@@ -66,36 +66,98 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
 
 
 class HeronError(Exception):
-    """An error with a machine-readable code; servers map it to its HTTP status."""
+    """An error with a machine-readable code; servers map it to its HTTP status.
+
+    The SDK raises the subclasses below. There ``code`` is the server's code (a plain
+    string when this SDK does not know it yet) and ``status`` the HTTP status received.
+    """
 
     def __init__(
         self,
-        code: ErrorCode,
+        code: ErrorCode | str,
         message: str,
         *,
         field: str | None = None,
         retry_after_s: float | None = None,
+        status: int | None = None,
     ) -> None:
         super().__init__(message)
-        self.code = ErrorCode(code)
+        try:
+            self.code: ErrorCode | str = ErrorCode(code)
+        except ValueError:
+            if type(self) is HeronError:  # servers only ever raise known codes
+                raise
+            self.code = str(code)
         self.message = message
         self.field = field
         self.retry_after_s = retry_after_s
+        self._status = status
 
     @property
     def status(self) -> int:
-        return STATUS_BY_CODE[self.code]
+        if self._status is not None:
+            return self._status
+        return STATUS_BY_CODE.get(self.code, 500)  # type: ignore[call-overload]
 
     def to_body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": self.code.value, "message": self.message}
+        error: dict[str, Any] = {"code": str(self.code), "message": self.message}
         if self.field is not None:
             error["field"] = self.field
         return {"error": error}
 
     def __repr__(self) -> str:
-        return f"HeronError({self.code.value}, {self.message!r})"
+        return f"{type(self).__name__}({self.code!s}, {self.message!r})"
 
 
 def invalid_field(field: str, reason: str) -> HeronError:
     """422 naming the offending field, e.g. ``items[3].text: must be a string``."""
     return HeronError(ErrorCode.INVALID_FIELD, f"{field}: {reason}", field=field)
+
+
+# ---- what the SDK raises -------------------------------------------------------------------
+# Client-side codes: no server sends these; they name what the SDK itself gave up on.
+CONNECTION_FAILED = "CONNECTION_FAILED"
+PROVISIONING_TIMEOUT = "PROVISIONING_TIMEOUT"
+
+
+class RequestError(HeronError):
+    """A 4xx: the request itself is wrong (or not allowed); sending it again will not help."""
+
+
+class ModelNotFound(RequestError):
+    """404 MODEL_NOT_FOUND: no model by that name (or not in the named pool's bundle)."""
+
+
+class PoolError(RequestError):
+    """A pool could not be used: POOL_NOT_FOUND (absent or expired) or POOL_CONFLICT."""
+
+
+class ServerError(HeronError):
+    """A 5xx (or a 429) that was still there when the call's retries ran out."""
+
+
+class ProvisioningTimeout(HeronError):
+    """No capacity came (202 or 503 with Retry-After) within ``provision_timeout_s``."""
+
+
+class ConnectionError(HeronError):  # shadows the builtin inside sdk.errors only
+    """The server could not be reached (refused, reset, timed out) within the deadline."""
+
+
+_POOL_CODES = {ErrorCode.POOL_NOT_FOUND, ErrorCode.POOL_CONFLICT}
+
+
+def error_for_status(status: int, code: str, message: str, *, field: str | None = None,
+                     retry_after_s: float | None = None) -> HeronError:
+    """The typed SDK error for an HTTP error answer."""
+    cls: type[HeronError]
+    if code in _POOL_CODES:
+        cls = PoolError
+    elif code == ErrorCode.MODEL_NOT_FOUND:
+        cls = ModelNotFound
+    elif 400 <= status < 500 and status != 429:
+        cls = RequestError
+    else:
+        cls = ServerError
+    return cls(code or ErrorCode.INTERNAL, message, field=field, retry_after_s=retry_after_s,
+               status=status)

@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 import yaml
 from hypothesis import settings
 
+from tests.gateway_harness import GatewayThread, start_worker, unique
 from tests.nats_server import NatsServer
 from tests.servers import REPO, ServerProcess, start_serve
 from tests.tiny_models import build_tiny_models
@@ -87,3 +89,27 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
     server = NatsServer(tmp_path_factory.mktemp("nats")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_url(nats_server: NatsServer, test_bundle: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A gateway routing the test bundle (MiniLM, splade-tiny, the tiny models: the same
+    bundle the session's `heron serve` runs) to a pool with one real worker: the cluster
+    twin of ``base_url``."""
+    pool = unique("e2e")
+    worker = start_worker(nats_server.url, pool, test_bundle,
+                          tmp_path_factory.mktemp("e2e-logs"))
+    gateway = GatewayThread(nats_server.url, {str(test_bundle): pool}).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not gateway.gateway.health.has_capacity(pool):
+            assert time.monotonic() < deadline, f"worker never beat as ready:\n{worker.log()}"
+            time.sleep(0.1)
+        beat = gateway.gateway.health.healthy(pool)[0]
+        # gateway and worker read the same configs: their bundle hashes agree
+        assert beat.bundle_hash == gateway.gateway.registry.bundle_hash(pool)
+        yield gateway.url
+    finally:
+        gateway.stop()
+        worker.stop()

@@ -162,6 +162,13 @@ class WorkerApp:
         entry = self.registry.entry(request.path_params["model"])
         return respond(request, self._describe(entry))
 
+    async def provision(self, request: Request) -> Response:
+        """The capacity probe the SDK's ``wait_for_capacity`` polls: 200 once the model is
+        loaded and warm; otherwise this starts its load and answers 503 MODEL_LOADING (or
+        502 MODEL_LOAD_FAILED) like an inference request would."""
+        entry, _ = self.registry.runner(request.path_params["model"])
+        return respond(request, {"model": entry.config.id, "state": entry.state.value})
+
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -194,6 +201,7 @@ class WorkerApp:
             Route("/v1/extract/{model:path}", self.extract, methods=["POST"]),
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
+            Route("/v1/models/{model:path}/provision", self.provision, methods=["POST"]),
             Route("/v1/models/{model:path}", self.get_model, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),

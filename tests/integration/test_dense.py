@@ -59,10 +59,10 @@ def test_truncation_is_flagged_and_token_counts_are_real(http: httpx.Client, st_
 def test_msgpack_client_gets_numpy_arrays_equal_to_json(base_url: str, http) -> None:
     with Client(base_url) as client:
         out = client.encode("minilm", SHORT)
-    dense = out["items"][0]["dense"]
+    dense = out[0].dense
     assert isinstance(dense, np.ndarray) and dense.dtype == np.float32
     as_json = encode(http, SHORT)
-    np.testing.assert_allclose(np.stack([i["dense"] for i in out["items"]]),
+    np.testing.assert_allclose(out.dense,
                                np.array([i["dense"] for i in as_json["items"]]), atol=1e-6)
 
 
@@ -94,8 +94,8 @@ def test_dims_truncates_then_renormalizes(http: httpx.Client) -> None:
     ("binary", (48,), np.uint8)])
 def test_output_dtypes(base_url: str, dtype: str, shape: tuple, np_dtype: type) -> None:
     with Client(base_url) as client:
-        ref = client.encode("minilm", ["quantize me"])["items"][0]["dense"]
-        got = client.encode("minilm", ["quantize me"], output_dtype=dtype)["items"][0]["dense"]
+        ref = client.encode("minilm", ["quantize me"])[0].dense
+        got = client.encode("minilm", ["quantize me"], output_dtype=dtype)[0].dense
     assert got.shape == shape and got.dtype == np_dtype
     if dtype == "binary":
         np.testing.assert_array_equal(np.unpackbits(got), (ref > 0).astype(np.uint8))

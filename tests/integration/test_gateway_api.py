@@ -111,9 +111,9 @@ def test_encode_is_split_published_and_reassembled_in_order(cluster: Cluster,
 
 def test_msgpack_client_gets_numpy_arrays(cluster: Cluster) -> None:
     with Client(cluster.url) as client:
-        out = client.encode("warm/dense", ["alpha", "beta"], priority=2, timeout_s=10)
-    assert isinstance(out["items"][0]["dense"], np.ndarray)
-    np.testing.assert_array_equal(out["items"][1]["dense"], fake_vector("beta"))
+        out = client.encode("warm/dense", ["alpha", "beta"], priority=2, timeout=10)
+    assert isinstance(out[0].dense, np.ndarray)
+    np.testing.assert_array_equal(out[1].dense, fake_vector("beta"))
     headers = cluster.warm_worker.seen[-1]
     assert headers["Heron-Priority"] == "2" and headers["Heron-Task"] == "encode"
     assert 0 < float(headers["Heron-Deadline"]) - time.time() <= 10

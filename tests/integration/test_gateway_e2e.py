@@ -3,17 +3,13 @@ what the single-node server (`heron serve`, issue #2) answers for the same input
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
 from sdk.client import Client
-from tests.gateway_harness import GatewayThread, start_worker, unique
-from tests.nats_server import NatsServer
 
 # The two servers batch differently (packing, batch composition): float noise only.
 ATOL = 1e-4
@@ -21,32 +17,9 @@ TEXTS = [f"sentence number {i}: " + "the heron waits in the shallows " * (i % 5)
          for i in range(150)]  # 150 items: three work items through the cluster
 
 
-@pytest.fixture(scope="module")
-def gateway_url(nats_server: NatsServer, test_bundle: Path,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A gateway routing the test bundle (MiniLM, splade-tiny, the tiny models: the same
-    bundle the session's `heron serve` runs) to a pool with one real worker."""
-    pool = unique("e2e")
-    worker = start_worker(nats_server.url, pool, test_bundle,
-                          tmp_path_factory.mktemp("e2e-logs"))
-    gateway = GatewayThread(nats_server.url, {str(test_bundle): pool}).start()
-    try:
-        deadline = time.monotonic() + 30
-        while not gateway.gateway.health.has_capacity(pool):
-            assert time.monotonic() < deadline, f"worker never beat as ready:\n{worker.log()}"
-            time.sleep(0.1)
-        beat = gateway.gateway.health.healthy(pool)[0]
-        # gateway and worker read the same configs: their bundle hashes agree
-        assert beat.bundle_hash == gateway.gateway.registry.bundle_hash(pool)
-        yield gateway.url
-    finally:
-        gateway.stop()
-        worker.stop()
-
-
 @pytest.fixture()
-def cluster_http(gateway_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=gateway_url, timeout=120) as client:
+def cluster_http(cluster_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=cluster_url, timeout=120) as client:
         yield client
 
 
@@ -69,14 +42,14 @@ def test_encode_equals_single_node(http: httpx.Client, cluster_http: httpx.Clien
     assert cluster["usage"] == single["usage"]
 
 
-def test_sparse_and_msgpack_equal_single_node(http: httpx.Client, gateway_url: str) -> None:
+def test_sparse_and_msgpack_equal_single_node(http: httpx.Client, cluster_url: str) -> None:
     base = str(http.base_url)
-    with Client(base) as single_client, Client(gateway_url) as cluster_client:
+    with Client(base) as single_client, Client(cluster_url) as cluster_client:
         single = single_client.encode("splade-tiny", TEXTS[:20], output_types=["sparse"])
         cluster = cluster_client.encode("splade-tiny", TEXTS[:20], output_types=["sparse"])
-    for a, b in zip(cluster["items"], single["items"], strict=True):
-        np.testing.assert_array_equal(a["sparse"]["indices"], b["sparse"]["indices"])
-        np.testing.assert_allclose(a["sparse"]["values"], b["sparse"]["values"], atol=ATOL)
+    for a, b in zip(cluster, single, strict=True):
+        np.testing.assert_array_equal(a.sparse.indices, b.sparse.indices)
+        np.testing.assert_allclose(a.sparse.values, b.sparse.values, atol=ATOL)
 
 
 @pytest.mark.parametrize("model", ["minilm", "tiny-cross-encoder"])

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import yaml
 
+from sdk import Client, ServerError
 from tests.servers import REPO, start_serve
 
 
@@ -45,6 +46,8 @@ def test_lazy_load_then_serve_and_load_failure_is_502(tmp_path: Path,
     bundle = write_bundle(tmp_path, {
         "lazy.yaml": {"id": "t/lazy", "adapter": "dense",
                       "source": {"path": str(tiny_models["tiny-dense-cls"])}},
+        "lazy-sdk.yaml": {"id": "t/lazy-sdk", "adapter": "dense",
+                          "source": {"path": str(tiny_models["tiny-dense-cls"])}},
         "broken.yaml": {"id": "t/broken", "adapter": "dense", "source": {"path": str(broken)}},
     }, preload=["minilm"])
     server = start_serve(bundle, tmp_path)
@@ -73,6 +76,15 @@ def test_lazy_load_then_serve_and_load_failure_is_502(tmp_path: Path,
             assert http.post("/v1/encode/minilm", json={"items": ["fine"]}).status_code == 200
             model = http.get("/v1/models/t/broken").json()
             assert model["state"] == "failed" and model["error"]
+        # The SDK waits out MODEL_LOADING (503 + Retry-After) and returns the vectors...
+        with Client(server.url, timeout=30) as client:
+            assert client.encode("t/lazy-sdk", ["wake up"]).dense.shape == (1, 32)
+            # ...and gives up at once on a permanent failure (502 is not retried).
+            started = time.monotonic()
+            with pytest.raises(ServerError) as failed:
+                client.wait_for_capacity("t/broken")
+            assert (failed.value.status, failed.value.code) == (502, "MODEL_LOAD_FAILED")
+            assert time.monotonic() - started < 2
     finally:
         server.stop()
     # uvicorn shuts down gracefully, then re-raises SIGTERM; SIGKILL would mean it hung.

@@ -14,6 +14,7 @@ import numpy as np
 import psutil
 import pytest
 
+from sdk import Client
 from tests.servers import REPO, free_port
 
 
@@ -77,19 +78,14 @@ def test_scale_from_zero_then_idle_scale_down(tmp_path: Path, http: httpx.Client
         assert info["status"] == "provisioning" and info["pool"] == "default"
         assert info["bundle"] == "default" and info["estimated_wait_s"] > 0
 
-        # The autoscaler heard the demand and starts a worker; the retried request works.
-        result: dict = {}
-
-        def retried() -> bool:
-            r = httpx.post(up.url + "/v1/encode/minilm", json=body, timeout=30)
-            if r.status_code == 200:
-                result.update(r.json())
-            return r.status_code == 200
-
-        up.wait_for(retried, timeout_s=120)
+        # The autoscaler heard the demand and starts a worker. The SDK waits through the
+        # 202s (honouring Retry-After) and returns the vectors.
+        started = time.monotonic()
+        with Client(up.url, provision_timeout_s=150) as client:
+            result = client.encode("minilm", body["items"])
+        print(f"SDK waited {time.monotonic() - started:.1f} s for a worker from zero")
         want = http.post("/v1/encode/minilm", json=body).json()
-        np.testing.assert_allclose(result["items"][0]["dense"], want["items"][0]["dense"],
-                                   atol=2e-5)
+        np.testing.assert_allclose(result[0].dense, want["items"][0]["dense"], atol=2e-5)
         # Idle past the cooldown: the worker is stopped again (scale to zero).
         up.wait_for(lambda: up.healthy_workers() == 0, timeout_s=60)
         assert "worker" in up.log.read_text() and "stopped" in up.log.read_text()

@@ -1,0 +1,244 @@
+"""What the SDK's calls return: numpy arrays and small dataclasses, built from a response
+body in either wire format (msgpack already carries numpy arrays; JSON carries lists).
+
+Every result keeps the response body it came from as ``raw`` (``to_dict()`` makes it JSON
+friendly), so nothing the server sent is lost to the typed view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sdk.errors import HeronError, ServerError, error_for_status
+
+# output_dtype -> the numpy dtype its arrays arrive in ("binary" is packed sign bits)
+ARRAY_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8,
+                "uint8": np.uint8, "binary": np.uint8}
+
+
+def _array(value: Any, dtype: Any) -> np.ndarray:
+    return value if isinstance(value, np.ndarray) else np.asarray(value, dtype=dtype)
+
+
+def _item_error(row: Mapping[str, Any]) -> HeronError | None:
+    """A gateway answers encode/extract items whose slice failed as ``{"error": {...}}``."""
+    error = row.get("error")
+    if not isinstance(error, Mapping):
+        return None
+    return error_for_status(500, str(error.get("code", "INTERNAL")),
+                            str(error.get("message", "")))
+
+
+@dataclass(frozen=True, slots=True)
+class SparseVector:
+    indices: np.ndarray  # vocabulary ids, int32, ascending
+    values: np.ndarray  # their weights
+
+    def to_dict(self) -> dict[int, float]:
+        return {int(i): float(v) for i, v in zip(self.indices, self.values, strict=True)}
+
+
+@dataclass(frozen=True, slots=True)
+class Embedding:
+    """One item of an encode result. Outputs not asked for are None."""
+
+    dense: np.ndarray | None = None  # 1-D
+    sparse: SparseVector | None = None
+    multi_vector: np.ndarray | None = None  # [tokens, dim]
+    tokens: int = 0
+    truncated: bool = False
+    id: str | None = None
+    error: HeronError | None = None  # set when this item's part failed (gateway only)
+
+
+def _embedding(row: Mapping[str, Any], dtype: Any) -> Embedding:
+    error = _item_error(row)
+    if error is not None:
+        return Embedding(id=row.get("id"), error=error)
+    sparse = row.get("sparse")
+    sparse_dtype = np.float16 if dtype is np.float16 else np.float32
+    return Embedding(
+        dense=None if row.get("dense") is None else _array(row["dense"], dtype),
+        sparse=None if sparse is None else SparseVector(
+            _array(sparse["indices"], np.int32), _array(sparse["values"], sparse_dtype)),
+        multi_vector=(None if row.get("multi_vector") is None
+                      else _array(row["multi_vector"], dtype)),
+        tokens=int(row.get("tokens", 0)), truncated=bool(row.get("truncated", False)),
+        id=row.get("id"))
+
+
+class _Items:
+    """Shared by the per-item results: a sequence of items, errors, raw body."""
+
+    items: list[Any]
+    raw: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.items[index]
+
+    @property
+    def errors(self) -> list[tuple[int, HeronError]]:
+        """(index, error) of every item whose part failed; empty when all succeeded."""
+        return [(n, item.error) for n, item in enumerate(self.items) if item.error is not None]
+
+    def raise_for_errors(self) -> None:
+        if self.errors:
+            index, first = self.errors[0]
+            raise ServerError(first.code, f"{len(self.errors)} of {len(self.items)} items "
+                              f"failed; item {index}: {first.message}", status=first.status)
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(self.raw)
+
+
+@dataclass(slots=True)
+class EncodeResult(_Items):
+    model: str
+    items: list[Embedding]
+    tokens: int  # usage: every item's tokens, summed
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any], output_dtype: str = "float32") -> EncodeResult:
+        dtype = ARRAY_DTYPES.get(output_dtype, np.float32)
+        return cls(model=body["model"], items=[_embedding(r, dtype) for r in body["items"]],
+                   tokens=int(body.get("usage", {}).get("tokens", 0)), raw=dict(body))
+
+    @property
+    def dense(self) -> np.ndarray:
+        """Every item's dense vector as one [items, dim] array (ServerError if any failed)."""
+        self.raise_for_errors()
+        if any(item.dense is None for item in self.items):
+            raise ValueError("this result has no dense output; ask for output_types=['dense']")
+        return np.stack([item.dense for item in self.items])  # type: ignore[misc]
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredItem:
+    index: int  # the document's position in the request's items
+    score: float
+    rank: int  # 1-based
+    id: str | None = None
+    truncated: bool = False
+
+
+@dataclass(slots=True)
+class ScoreResult:
+    model: str
+    results: list[ScoredItem]  # best first
+    tokens: int
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ScoreResult:
+        return cls(model=body["model"], results=[
+            ScoredItem(index=int(r["index"]), score=float(r["score"]), rank=int(r["rank"]),
+                       id=r.get("id"), truncated=bool(r.get("truncated", False)))
+            for r in body["results"]], tokens=int(body.get("usage", {}).get("tokens", 0)),
+            raw=dict(body))
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __iter__(self) -> Iterator[ScoredItem]:
+        return iter(self.results)
+
+    def __getitem__(self, index: int) -> ScoredItem:
+        return self.results[index]
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Scores in the request's document order (documents cut by top_k are NaN)."""
+        size = max((r.index for r in self.results), default=-1) + 1
+        out = np.full(size, np.nan, dtype=np.float32)
+        for r in self.results:
+            out[r.index] = r.score
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return jsonable(self.raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Entity:
+    label: str
+    text: str
+    start: int  # character offsets into the item's text, end exclusive
+    end: int
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class ExtractedItem:
+    entities: list[Entity]
+    tokens: int = 0
+    truncated: bool = False
+    id: str | None = None
+    error: HeronError | None = None
+
+
+@dataclass(slots=True)
+class ExtractResult(_Items):
+    model: str
+    items: list[ExtractedItem]
+    tokens: int
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> ExtractResult:
+        items = []
+        for row in body["items"]:
+            error = _item_error(row)
+            entities = [] if error else [
+                Entity(label=e["label"], text=e["text"], start=int(e["start"]),
+                       end=int(e["end"]), score=float(e["score"])) for e in row["entities"]]
+            items.append(ExtractedItem(entities, tokens=int(row.get("tokens", 0)),
+                                       truncated=bool(row.get("truncated", False)),
+                                       id=row.get("id"), error=error))
+        return cls(model=body["model"], items=items,
+                   tokens=int(body.get("usage", {}).get("tokens", 0)), raw=dict(body))
+
+
+# ---- stitching the parts of a split call --------------------------------------------------
+def merge_bodies(task: str, bodies: Sequence[Mapping[str, Any]], offsets: Sequence[int],
+                 top_k: int | None = None) -> dict[str, Any]:
+    """One response body from the bodies of consecutive chunks of one call's items (the
+    chunk starting at ``offsets[i]`` answered ``bodies[i]``). Scores are ranked again over
+    all chunks, exactly as one server ranks one request: score descending, ties by index."""
+    tokens = sum(int(b.get("usage", {}).get("tokens", 0)) for b in bodies)
+    merged: dict[str, Any] = {"model": bodies[0]["model"], "usage": {"tokens": tokens}}
+    if task != "score":
+        merged["items"] = [row for body in bodies for row in body["items"]]
+        errors = sum(int(b.get("errors", 0)) for b in bodies)
+        if errors:
+            merged["errors"] = errors
+        return merged
+    rows = [{**row, "index": int(row["index"]) + offset}
+            for body, offset in zip(bodies, offsets, strict=True) for row in body["results"]]
+    rows.sort(key=lambda r: (-float(r["score"]), r["index"]))
+    rows = rows if top_k is None else rows[:top_k]
+    merged["results"] = [{**row, "rank": rank} for rank, row in enumerate(rows, start=1)]
+    return merged
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with numpy arrays and scalars as lists and Python numbers (for JSON)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
