@@ -47,7 +47,7 @@ def _models(client: Client, args: argparse.Namespace) -> Any:
 def run_client_command(args: argparse.Namespace,
                        command: Callable[[Client, argparse.Namespace], Any]) -> int:
     try:
-        with Client(args.url, wire_format="json", timeout=args.timeout,
+        with Client(args.url, wire="json", timeout=args.timeout,
                     provision_timeout_s=args.provision_timeout) as client:
             out = command(client, args)
     except HeronError as exc:

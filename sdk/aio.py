@@ -36,12 +36,12 @@ class AsyncClient:
     """``async with AsyncClient("http://127.0.0.1:8080") as client: ...`` (see ``Client``)."""
 
     def __init__(self, base_url: str | None = None, *, api_key: str | None = None,
-                 wire_format: str = "msgpack", timeout: float = 60.0,
+                 wire: str = "msgpack", timeout: float = 60.0,
                  wait_for_capacity: bool = True, provision_timeout_s: float = 300.0,
                  max_items_per_request: int | None = None,
                  http: httpx.AsyncClient | None = None) -> None:
         self.base_url = (base_url or default_url()).rstrip("/")
-        self._b = _builder(wire_format, api_key, timeout, wait_for_capacity,
+        self._b = _builder(wire, api_key, timeout, wait_for_capacity,
                            provision_timeout_s, max_items_per_request)
         self._http = http or httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
 

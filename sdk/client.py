@@ -57,12 +57,12 @@ class Client:
     """
 
     def __init__(self, base_url: str | None = None, *, api_key: str | None = None,
-                 wire_format: str = "msgpack", timeout: float = 60.0,
+                 wire: str = "msgpack", timeout: float = 60.0,
                  wait_for_capacity: bool = True, provision_timeout_s: float = 300.0,
                  max_items_per_request: int | None = None,
                  http: httpx.Client | None = None) -> None:
         self.base_url = (base_url or default_url()).rstrip("/")
-        self._b = _builder(wire_format, api_key, timeout, wait_for_capacity,
+        self._b = _builder(wire, api_key, timeout, wait_for_capacity,
                            provision_timeout_s, max_items_per_request)
         self._http = http or httpx.Client(base_url=self.base_url, timeout=timeout)
 
@@ -167,7 +167,7 @@ def _builder(wire_format: str, api_key: str | None, timeout: float, wait_for_cap
              provision_timeout_s: float, max_items: int | None) -> CallBuilder:
     """Shared by Client and AsyncClient: validate the settings once."""
     if wire_format not in ("msgpack", "json"):
-        raise ValueError("wire_format must be 'msgpack' or 'json'")
+        raise ValueError("wire must be 'msgpack' or 'json'")
     policy = CallPolicy(timeout_s=timeout, wait_for_capacity=wait_for_capacity,
                         provision_timeout_s=provision_timeout_s)
     fmt = wire.MSGPACK if wire_format == "msgpack" else wire.JSON

@@ -49,7 +49,7 @@ def call(request: pytest.FixtureRequest, url: str) -> Iterator[Callable[..., Any
             yield lambda method, *args, **kw: getattr(client, method)(*args, **kw)
         return
     loop = asyncio.new_event_loop()
-    client = AsyncClient(url, wire_format="json")
+    client = AsyncClient(url, wire="json")
     yield lambda method, *args, **kw: loop.run_until_complete(
         getattr(client, method)(*args, **kw))
     loop.run_until_complete(client.close())
