@@ -38,6 +38,12 @@ class DemandTracker:
         """The pool has a healthy worker again: the next wait starts from scratch."""
         self._since.pop(pool, None)
 
+    def forget(self, pool: str) -> None:
+        """The pool is gone (its lease ended): its demand ends now, not after the window."""
+        self._answers.pop(pool, None)
+        self._last_published.pop(pool, None)
+        self._since.pop(pool, None)
+
     def pending(self, pool: str) -> int:
         """202 answers for ``pool`` in the trailing window."""
         answers = self._answers.get(pool)

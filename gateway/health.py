@@ -52,6 +52,11 @@ class WorkerHealth:
         """What the registry says the pool serves; a worker saying otherwise is logged."""
         self._expected[pool] = (bundle, bundle_hash)
 
+    def forget(self, pool: str) -> None:
+        """The pool is gone (a lease ended): expect nothing of it. Its workers' beats,
+        while they drain, are still recorded like any other."""
+        self._expected.pop(pool, None)
+
     def observe(self, beat: Mapping[str, Any]) -> None:
         """Record one decoded heartbeat (malformed ones are dropped with a log line)."""
         try:

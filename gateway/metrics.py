@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -34,6 +36,12 @@ class GatewayMetrics:
                                        "malformed", ["reason"], registry=r)
         self.nats_connected = Gauge("heron_gateway_nats_connected",
                                     "1 while connected to NATS", registry=r)
+
+    def forget_pool(self, pool: str) -> None:
+        """Drop a pool's per-pool series (a lease ended): a gone pool shows no demand."""
+        for gauge in (self.pending_demand, self.healthy_workers):
+            with contextlib.suppress(KeyError):
+                gauge.remove(pool)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

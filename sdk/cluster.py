@@ -17,17 +17,23 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DiscardPolicy,
+    KeyValueConfig,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 
 # ---- subjects and names ------------------------------------------------------------------
 WORK_STREAM_PREFIX = "HERON_WORK_"
 DLQ_STREAM = "HERON_DLQ"
 CONFIG_STREAM = "HERON_CONFIG"
-POOLS_BUCKET = "heron_pools"
+POOLS_BUCKET = "heron_pools"  # KV: key <pool> = a PoolLease (sdk/pools.py), per-key TTL
+# How long the server keeps the marker it writes when a lease's TTL runs out (and how long
+# a DELETE's purge marker lives): watchers see the marker at once; it only has to outlive
+# a watcher's reconnect, and then it goes too, so ended leases leave nothing behind.
+POOLS_MARKER_TTL_S = 60.0
 STATUS_WILDCARD = "heron.status.>"
 DEMAND_WILDCARD = "heron.demand.>"
 INBOX_ROOT = "_INBOX.heron"
@@ -170,6 +176,20 @@ async def ensure_dlq_stream(js: JetStreamContext, file_storage: bool = True) -> 
         await js.stream_info(DLQ_STREAM)
     except NotFoundError:
         await js.add_stream(config)
+
+
+async def ensure_pools_bucket(js: JetStreamContext, replicas: int = 1) -> KeyValue:
+    """The ``heron_pools`` KV bucket, created if missing (idempotent): one value per key,
+    file storage, and per-key TTLs whose expiry the server announces to watchers with a
+    delete marker (``limit_marker_ttl``), so every gateway and autoscaler sees a lease end."""
+    try:
+        return await js.key_value(POOLS_BUCKET)
+    except BucketNotFoundError:
+        # Two processes may both get here: the server accepts an identical stream twice.
+        return await js.create_key_value(KeyValueConfig(
+            bucket=POOLS_BUCKET, history=1, storage=StorageType.FILE, replicas=replicas,
+            limit_marker_ttl=POOLS_MARKER_TTL_S,
+            description="Heron leased pools: key = pool name, value = lease, TTL = lease"))
 
 
 def _norm(value: Any) -> Any:

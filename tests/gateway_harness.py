@@ -162,13 +162,15 @@ class FakeFailure(Exception):
 
 
 class FakeWorker:
-    """Beats as ready every 0.3 s; with ``answer`` it also pulls and answers work, each
-    result published twice when ``duplicate`` (as after a redelivery)."""
+    """Beats as ready every 0.3 s, reporting ``models`` (model id -> state); with
+    ``answer`` it also pulls and answers work, each result published twice when
+    ``duplicate`` (as after a redelivery)."""
 
     def __init__(self, nats_url: str, pool: str, bundle: str, *, answer: bool = True,
-                 duplicate: bool = False) -> None:
+                 duplicate: bool = False, models: dict[str, str] | None = None) -> None:
         self.nats_url, self.pool, self.bundle = nats_url, pool, bundle
         self.answer, self.duplicate = answer, duplicate
+        self.models = dict(models or {})
         self.worker_id = unique("fake")
         self.seen: list[dict[str, str]] = []  # headers of every work item taken
         self.loop = asyncio.new_event_loop()
@@ -231,7 +233,7 @@ class FakeWorker:
     async def _beat(self, nc: Any) -> None:
         while True:
             beat = {"worker_id": self.worker_id, "pool": self.pool, "bundle": self.bundle,
-                    "bundle_hash": "", "models": {}, "queue_depth": 0, "in_flight": 0,
+                    "bundle_hash": "", "models": self.models, "queue_depth": 0, "in_flight": 0,
                     "memory_rss": 0, "ready": True, "address": "", "ts": time.time()}
             with contextlib.suppress(Exception):
                 await nc.publish(status_subject(self.pool, self.worker_id),

@@ -1,0 +1,213 @@
+"""Pools at the gateway: the ``/v1/pools`` routes and routing by the ``X-Heron-Pool`` header.
+
+The pools named on the command line (``--pool BUNDLE=POOL``) are *static*. Leased pools
+live in the ``heron_pools`` NATS KV bucket (sdk/pool_store.py), one key per pool with the
+lease's TTL, so every gateway replica serves them and none holds state of its own: each
+mirrors the bucket with a watcher started in its NATS set-up. A leased pool serves one of
+the bundles this gateway routes; when its lease is deleted or runs out, requests naming
+it get 404 POOL_NOT_FOUND and its demand signal ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import nats.errors
+from nats.js import JetStreamContext
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.registry import ModelRoute
+from sdk import wire
+from sdk.cluster import ensure_work_stream
+from sdk.errors import ErrorCode, HeronError, invalid_field
+from sdk.pool_store import LeaseMirror, PoolStore, pool_not_found
+from sdk.pools import POOL_HEADER, PoolLease, PoolSpec, check_pool_name, renew_ttl
+from sdk.server import read_body, read_raw, respond
+
+if TYPE_CHECKING:
+    from gateway.routes import GatewayApp
+
+log = logging.getLogger("heron.gateway.pools")
+
+
+class GatewayPools:
+    def __init__(self, gateway: GatewayApp) -> None:
+        self.gateway = gateway
+        self.mirror = LeaseMirror(on_change=self._on_change)
+
+    # ---- NATS ----------------------------------------------------------------------------
+    async def start(self, js: JetStreamContext) -> None:
+        """Watch the bucket (again, after a reconnect)."""
+        await self.mirror.start(js)
+
+    async def stop(self) -> None:
+        await self.mirror.stop()
+
+    # ---- lookups -------------------------------------------------------------------------
+    def leased(self) -> dict[str, PoolLease]:
+        """Live leases, static pool names left out (a static pool wins over a lease)."""
+        static = self.gateway.registry.pools()
+        return {n: lease for n, lease in self.mirror.live().items() if n not in static}
+
+    def all_pools(self) -> dict[str, str]:
+        """pool -> bundle, for every pool this gateway routes to: static and leased."""
+        leased = {name: lease.bundle for name, lease in self.leased().items()}
+        return {**leased, **self.gateway.registry.pools()}
+
+    def bundle_of(self, name: str) -> str:
+        static = self.gateway.registry.pools().get(name)
+        if static is not None:
+            return static
+        return self._lease(name).bundle
+
+    def _lease(self, name: str) -> PoolLease:
+        lease = self.mirror.get(name)
+        if lease is None and not self.mirror.synced:
+            # Just connected: the bucket's state has not arrived yet; "no such pool" could
+            # be wrong for a few milliseconds.
+            raise HeronError(ErrorCode.NOT_READY, "the pools table is still loading from "
+                             "NATS", retry_after_s=1.0)
+        if lease is None:
+            raise pool_not_found(name)
+        return lease
+
+    def route(self, request: Request, route: ModelRoute) -> ModelRoute:
+        """The route with the request's ``X-Heron-Pool`` applied (none: unchanged). The
+        named pool must serve the model's bundle."""
+        name = request.headers.get(POOL_HEADER)
+        if name is None:
+            return route
+        check_pool_name(name, POOL_HEADER)
+        bundle = self.bundle_of(name)
+        if bundle != route.bundle:
+            raise HeronError(ErrorCode.MODEL_NOT_FOUND,
+                             f"model {route.model_id!r} is not in bundle {bundle!r} served "
+                             f"by pool {name!r} (it is in bundle {route.bundle!r})")
+        return route if name == route.pool else dataclasses.replace(route, pool=name)
+
+    def _bundle_hash(self, bundle: str) -> str | None:
+        registry = self.gateway.registry
+        for pool, name in registry.pools().items():
+            if name == bundle:
+                return registry.bundle_hash(pool)
+        return None
+
+    def _on_change(self, name: str, lease: PoolLease | None) -> None:
+        g = self.gateway
+        if name in g.registry.pools():
+            return  # a static pool of ours: the lease changes nothing here
+        if lease is None:
+            log.info("leased pool %s ended: no more routing or demand for it", name)
+            g.demand.forget(name)
+            g.metrics.forget_pool(name)
+            g.health.forget(name)
+            return
+        bundle_hash = self._bundle_hash(lease.bundle)
+        if bundle_hash is not None:
+            g.health.expect(name, lease.bundle, bundle_hash)
+
+    # ---- descriptions ------------------------------------------------------------------
+    def _capacity(self, pool: str) -> dict[str, Any]:
+        healthy = len(self.gateway.health.healthy(pool))
+        return {"state": "ready" if healthy else "provisioning", "healthy_workers": healthy}
+
+    def describe_lease(self, lease: PoolLease) -> dict[str, Any]:
+        return {**lease.to_wire(), **self._capacity(lease.name)}
+
+    def describe_static(self, name: str, bundle: str) -> dict[str, Any]:
+        return {"name": name, "bundle": bundle, "kind": "static", **self._capacity(name)}
+
+    # ---- routes --------------------------------------------------------------------------
+    async def create(self, request: Request) -> Response:
+        body, _ = await read_body(request)
+        spec = PoolSpec.from_wire(body)
+        registry = self.gateway.registry
+        if not registry.loaded:
+            raise HeronError(ErrorCode.NOT_READY, "the model registry is not loaded yet",
+                             retry_after_s=1.0)
+        static = registry.pools()
+        bundles = sorted(set(static.values()))
+        if spec.bundle not in bundles:
+            raise invalid_field("bundle", f"{spec.bundle!r} is not routed by this gateway; "
+                                f"known bundles: {', '.join(bundles)}")
+        if spec.name in static:
+            raise HeronError(ErrorCode.POOL_CONFLICT,
+                             f"{spec.name!r} is a static pool of this gateway")
+        if self.mirror.get(spec.name) is not None:
+            raise HeronError(ErrorCode.POOL_CONFLICT, f"pool {spec.name!r} already exists")
+        js = self._js()
+        lease = PoolLease.new(spec)
+        async with self._nats_errors():
+            # The stream first: workers and requests may follow the lease at once.
+            await ensure_work_stream(js, self.gateway.settings.stream_spec(spec.name))
+            revision = await PoolStore(js, self.gateway.settings.publish_timeout_s
+                                       ).create(lease)
+        self.mirror.apply(spec.name, lease, revision)
+        log.info("leased pool %s created: bundle %s, %d workers, ttl %gs", spec.name,
+                 spec.bundle, spec.workers, spec.ttl_s)
+        return respond(request, self.describe_lease(lease), status=201)
+
+    async def list_pools(self, request: Request) -> Response:
+        data = [self.describe_lease(lease) for _, lease in sorted(self.leased().items())]
+        data += [self.describe_static(name, bundle)
+                 for name, bundle in sorted(self.gateway.registry.pools().items())]
+        return respond(request, {"object": "list", "data": data})
+
+    async def get_pool(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        static = self.gateway.registry.pools().get(name)
+        if static is not None:
+            return respond(request, self.describe_static(name, static))
+        return respond(request, self.describe_lease(self._lease(name)))
+
+    async def delete_pool(self, request: Request) -> Response:
+        name = self._leased_name(request)
+        async with self._nats_errors():
+            revision = await PoolStore(self._js(), self.gateway.settings.publish_timeout_s
+                                       ).delete(name)
+        self.mirror.apply(name, None, revision)
+        log.info("leased pool %s deleted", name)
+        return respond(request, {"name": name, "deleted": True})
+
+    async def renew_pool(self, request: Request) -> Response:
+        name = self._leased_name(request)
+        raw = await read_raw(request)
+        body = wire.decode(raw, wire.request_format(request.headers.get("content-type"))
+                           ) if raw.strip() else None
+        renew_ttl(body, 1.0)  # a bad body is a 422 before anything is read or written
+        async with self._nats_errors():
+            lease, revision = await PoolStore(
+                self._js(), self.gateway.settings.publish_timeout_s
+            ).renew(name, lambda current: renew_ttl(body, current.ttl_s))
+        self.mirror.apply(name, lease, revision)
+        return respond(request, self.describe_lease(lease))
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _leased_name(self, request: Request) -> str:
+        name = request.path_params["name"]
+        if name in self.gateway.registry.pools():
+            raise HeronError(ErrorCode.POOL_CONFLICT, f"{name!r} is a static pool of this "
+                             "gateway (its command line names it); only leases change")
+        return name
+
+    def _js(self) -> JetStreamContext:
+        link = self.gateway.link
+        if not link.ready or link.js is None:
+            raise self.gateway.dispatcher.nats_unavailable("not connected to NATS; retry "
+                                                           "shortly")
+        return link.js
+
+    @contextlib.asynccontextmanager
+    async def _nats_errors(self) -> AsyncIterator[None]:
+        """NATS failing under a pools write is a 503 NATS_UNAVAILABLE, like inference."""
+        try:
+            yield
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("pools write failed on NATS: %r", exc)
+            raise self.gateway.dispatcher.nats_unavailable(
+                f"NATS did not complete the pools write: {type(exc).__name__}") from exc

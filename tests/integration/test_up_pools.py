@@ -1,0 +1,52 @@
+"""`heron up` honours leased pools: a lease gets its workers, and loses them when it ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sdk.pools import POOL_HEADER
+from tests.integration.test_up import UpProcess
+
+
+@pytest.mark.slow
+def test_a_leased_pool_gets_its_worker_until_the_lease_ends(tmp_path: Path) -> None:
+    # No static worker: every worker that starts is the lease's.
+    up = UpProcess(tmp_path, "--workers", "0", "--min-workers", "0")
+    name = "team-up"
+    pool_url = f"{up.url}/v1/pools/{name}"
+
+    def lease_workers() -> list[str]:
+        return [" ".join(p.cmdline()) for p in up.children()
+                if " worker " in " ".join(p.cmdline()) and f"--pool {name}" in
+                " ".join(p.cmdline())]
+
+    try:
+        up.wait_for(lambda: httpx.get(up.url + "/readyz", timeout=1).status_code == 200)
+        created = httpx.post(up.url + "/v1/pools", timeout=10, json={
+            "name": name, "bundle": "default", "workers": 1, "ttl_s": 60})
+        assert created.status_code == 201, created.text
+        up.wait_for(lambda: httpx.get(pool_url, timeout=2).json()["healthy_workers"] == 1,
+                    timeout_s=120)
+        assert len(lease_workers()) == 1
+        assert f"starting for leased pool {name}" in up.log.read_text()
+
+        r = httpx.post(up.url + "/v1/encode/minilm", json={"items": ["leased", "pool"]},
+                       headers={POOL_HEADER: name}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["items"]) == 2 and len(r.json()["items"][0]["dense"]) == 384
+        pools = httpx.get(up.url + "/readyz", timeout=2).json()["pools"]
+        assert pools[name]["kind"] == "lease" and pools["default"]["healthy_workers"] == 0
+
+        # Shorten the lease and stop renewing it: it expires, and its worker is stopped.
+        assert httpx.post(pool_url + "/renew", json={"ttl_s": 2}, timeout=10).status_code == 200
+        up.wait_for(lambda: httpx.get(pool_url, timeout=2).status_code == 404, timeout_s=10)
+        up.wait_for(lambda: not lease_workers(), timeout_s=60)
+        assert f"worker {name}-" in up.log.read_text() and "stopped" in up.log.read_text()
+        gone = httpx.post(up.url + "/v1/encode/minilm", json={"items": ["x"]},
+                          headers={POOL_HEADER: name}, timeout=10)
+        assert gone.status_code == 404 and gone.json()["error"]["code"] == "POOL_NOT_FOUND"
+    finally:
+        assert up.stop() == 0
