@@ -38,7 +38,8 @@ from sdk.types import (
 ItemLike = str | Item
 
 # 503 codes that mean "capacity is on its way": waited out like a 202.
-CAPACITY_CODES = {ErrorCode.MODEL_LOADING, ErrorCode.NOT_READY, ErrorCode.NATS_UNAVAILABLE}
+CAPACITY_CODES = {ErrorCode.MODEL_LOADING, ErrorCode.INSUFFICIENT_MEMORY, ErrorCode.NOT_READY,
+                  ErrorCode.NATS_UNAVAILABLE}
 # Failures of one attempt that another attempt may not see (a worker died mid-request, a
 # proxy hiccup, a request that met a deadline on a busy server).
 RETRY_STATUSES = {502, 503, 504}

@@ -6,10 +6,12 @@ response, so every server answers errors the same way.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import math
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -20,6 +22,37 @@ from sdk.errors import ErrorCode, HeronError
 from sdk.types import MAX_BODY_BYTES
 
 log = logging.getLogger("heron.http")
+
+T = TypeVar("T")
+# What nginx logs for "the client closed the connection before the answer": no client sees
+# it (there is nobody to send it to); it only labels metrics and access logs.
+CLIENT_CLOSED_STATUS = 499
+
+
+class ClientDisconnected(Exception):
+    """The client went away while its request was being served; the work was cancelled."""
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` (after the body was read), cancelling it if the client disconnects
+    first: a caller that has gone costs no compute (queued items are skipped)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    raise ClientDisconnected(request.url.path)
+
+
+async def _disconnected(request: Request) -> None:
+    while True:  # the body is consumed: the next message is the disconnect
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> tuple[Any, str]:

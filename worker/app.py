@@ -25,7 +25,14 @@ from sdk import wire
 from sdk.errors import HeronError
 from sdk.modelconfig import Bundle, ModelConfig
 from sdk.openai_compat import embeddings_response, parse_embeddings_request
-from sdk.server import EXCEPTION_HANDLERS, read_body, respond
+from sdk.server import (
+    CLIENT_CLOSED_STATUS,
+    EXCEPTION_HANDLERS,
+    ClientDisconnected,
+    read_body,
+    respond,
+    unless_disconnected,
+)
 from sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
 from worker.cluster import WorkerCluster
 from worker.metrics import WorkerMetrics
@@ -52,7 +59,8 @@ class WorkerApp:
                  queue: QueueMode | None = None) -> None:
         self.metrics = WorkerMetrics()
         self.registry = ModelRegistry(bundle, device=device, extra_models=extra_models,
-                                      on_batch=self.metrics.observe_batch)
+                                      on_batch=self.metrics.observe_batch,
+                                      on_evict=self.metrics.observe_eviction)
         self.service = InferenceService(self.registry)
         self.queue = queue
         self.cluster: WorkerCluster | None = None
@@ -62,6 +70,7 @@ class WorkerApp:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         # Load in the background: /healthz answers at once, /readyz once models are warm.
         self._load_task = asyncio.get_running_loop().create_task(self.registry.load_all())
+        self.registry.start_memory_watch()
         if self.queue is not None:
             self.cluster = WorkerCluster(self.queue, self.registry, self.service)
             await self.cluster.start(self._load_task)
@@ -86,7 +95,7 @@ class WorkerApp:
         status, model = 500, request.path_params.get("model", "_unknown")
         try:
             body, fmt = await read_body(request)
-            outcome = await handle(body)
+            outcome = await unless_disconnected(request, handle(body))
             status, model = 200, outcome.model
             headers = self._headers(request, outcome)
             if json_only:  # OpenAI clients speak JSON only, whatever they send in Accept
@@ -96,6 +105,9 @@ class WorkerApp:
         except HeronError as exc:
             status = exc.status
             raise
+        except ClientDisconnected:
+            status = CLIENT_CLOSED_STATUS
+            return Response(status_code=CLIENT_CLOSED_STATUS)
         finally:
             # Labels use model ids; unknown names must not mint new label values.
             label = self.registry.canonical_id(model) or "_unknown"
@@ -189,6 +201,7 @@ class WorkerApp:
     async def metrics_endpoint(self, request: Request) -> Response:
         self.metrics.models_loaded.set(sum(e.state is LoadState.READY
                                            for e in self.registry.entries()))
+        self.metrics.resident_bytes.set(self.registry.resident_bytes())
         for e in self.registry.entries():
             if e.runner is not None:
                 self.metrics.queue_depth.labels(e.config.id).set(len(e.runner.batcher))

@@ -2,9 +2,11 @@
 
 The cost of a batch is what the model computes: longest sequence x items. Pending items
 are kept sorted by length, so a batch is a contiguous run of similar lengths (little
-padding). Every batch is built around an *anchor*, the highest-priority oldest item, so no
-item starves however long it is. A batch closes at ``max_batch_tokens``, at
-``max_batch_items``, or after a bounded wait measured from its anchor's arrival.
+padding). Every batch is built around an *anchor*: the oldest item of the highest
+priority, where waiting ages an item up one priority level per ``PRIORITY_AGING_S``, so no
+item starves however long it is or however low its priority. A batch closes at
+``max_batch_tokens``, at ``max_batch_items``, or when waiting for more items would cost
+more than it gains (``BatchCostModel.worth_waiting``, bounded by ``max_wait_s``).
 
 One task (the ModelRunner's loop) owns the queue; callers only ``submit``.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import heapq
 import itertools
 import time
 from collections import deque
@@ -24,6 +25,10 @@ from typing import Any
 import numpy as np
 
 from sdk.errors import ErrorCode, HeronError
+
+# Waiting this long raises an item one priority level (0 is the highest): under a flood of
+# priority-0 work a priority-1 item still runs within about this much extra time.
+PRIORITY_AGING_S = 1.0
 
 
 @dataclass(slots=True)
@@ -49,7 +54,7 @@ class TokenBudgetBatcher:
         self._seq = itertools.count()
         self._items: dict[int, WorkItem] = {}
         self._by_length: list[tuple[int, int]] = []  # (length, seq), sorted
-        self._anchors: list[tuple[int, int]] = []  # heap of (priority, seq)
+        self._fifo: dict[int, deque[int]] = {}  # priority -> seqs in arrival order
         self._queued_tokens = 0
         self._wakeup = asyncio.Event()
         self.cost = BatchCostModel()
@@ -71,12 +76,13 @@ class TokenBudgetBatcher:
             item.seq = next(self._seq)
             self._items[item.seq] = item
             bisect.insort(self._by_length, (item.length, item.seq))
-            heapq.heappush(self._anchors, (item.priority, item.seq))
+            self._fifo.setdefault(item.priority, deque()).append(item.seq)
             self._queued_tokens += item.length
+            self.cost.arrived(item.enqueued_at)
         self._wakeup.set()
 
     async def next_batch(self) -> list[WorkItem]:
-        """Wait for work, then the bounded batching window, then take one batch."""
+        """Wait for work, then (maybe) for more work, then take one batch."""
         while True:
             while not self._items:
                 self._wakeup.clear()
@@ -87,24 +93,36 @@ class TokenBudgetBatcher:
             waited = time.monotonic() - anchor.enqueued_at
             full = (len(self._items) >= self.max_batch_items
                     or self._queued_tokens >= self.max_batch_tokens)
-            if not full and waited < self.max_wait_s:
+            if not full and waited < self.max_wait_s and self.cost.worth_waiting():
+                # More items are likely to arrive before another forward pass would have
+                # paid for itself: wait for one (bounded), then decide again.
+                before = len(self._items)
                 self._wakeup.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), self.max_wait_s - waited)
-                continue
+                    await asyncio.wait_for(self._wakeup.wait(), min(
+                        self.max_wait_s - waited, 2 * self.cost.expected_gap_s))
+                if len(self._items) > before:
+                    continue
             batch = self._take(anchor)
             live = self._drop_dead(batch)
             if live:
                 return live
 
     def _peek_anchor(self) -> WorkItem | None:
-        while self._anchors:
-            _, seq = self._anchors[0]
-            item = self._items.get(seq)
-            if item is not None:
-                return item
-            heapq.heappop(self._anchors)  # already taken in another item's batch
-        return None
+        """The oldest item of the best *aged* priority (see PRIORITY_AGING_S)."""
+        now = time.monotonic()
+        best: tuple[float, int] | None = None
+        for priority, seqs in list(self._fifo.items()):
+            while seqs and seqs[0] not in self._items:
+                seqs.popleft()  # already taken in another item's batch
+            if not seqs:
+                del self._fifo[priority]
+                continue
+            head = self._items[seqs[0]]
+            key = (priority - (now - head.enqueued_at) / PRIORITY_AGING_S, head.seq)
+            if best is None or key < best:
+                best = key
+        return None if best is None else self._items[best[1]]
 
     def _take(self, anchor: WorkItem) -> list[WorkItem]:
         lo, hi = self._plan(anchor)
@@ -176,17 +194,33 @@ class TokenBudgetBatcher:
 
 
 class BatchCostModel:
-    """Learns the fixed cost of one forward pass, in tokens, from observed batches.
+    """Learns the fixed cost of one forward pass from observed batches, and how often
+    items arrive.
 
-    A forward pass takes about ``c0 + c1 * padded_tokens`` seconds; the batcher only needs
-    the ratio ``c0 / c1`` (overhead_tokens). Least squares over recent batches, clamped to a
-    sane range; a prior until there is enough spread in batch sizes to fit.
+    A forward pass takes about ``c0 + c1 * padded_tokens`` seconds. The split of the queue
+    into batches needs the ratio ``c0 / c1`` (``overhead_tokens``); the adaptive wait needs
+    ``c0`` itself (``overhead_s``): one more item is worth waiting for while it is expected
+    sooner than the forward pass it would otherwise need costs. Least squares over recent
+    batches, clamped to a sane range; priors until there is enough spread to fit.
     """
 
-    def __init__(self, prior_overhead_tokens: float = 64.0, window: int = 256) -> None:
+    def __init__(self, prior_overhead_tokens: float = 64.0, window: int = 256,
+                 prior_overhead_s: float = 0.002) -> None:
         self.overhead_tokens = prior_overhead_tokens
+        self.overhead_s = prior_overhead_s
+        self.expected_gap_s = 1.0  # EWMA of the time between arrivals
+        self._last_arrival: float | None = None
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
         self._since_fit = 0
+
+    def arrived(self, at: float) -> None:
+        if self._last_arrival is not None:
+            gap = max(0.0, at - self._last_arrival)
+            self.expected_gap_s += 0.1 * (gap - self.expected_gap_s)
+        self._last_arrival = at
+
+    def worth_waiting(self) -> bool:
+        return self.expected_gap_s < self.overhead_s
 
     def observe(self, padded_tokens: int, seconds: float) -> None:
         self._samples.append((float(padded_tokens), seconds))
@@ -203,3 +237,4 @@ class BatchCostModel:
         c1, c0 = np.polyfit(x, y, 1)
         if c1 > 0 and c0 > 0:
             self.overhead_tokens = float(np.clip(c0 / c1, 4.0, 1024.0))
+            self.overhead_s = float(np.clip(c0, 0.0, 0.05))

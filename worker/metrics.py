@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from worker.runner import BatchStats
+from worker.weight_stats import weight_cache_stats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                     30)
@@ -37,6 +42,13 @@ class WorkerMetrics:
                                  ["model"], registry=r)
         self.models_loaded = Gauge("heron_worker_models_loaded", "Models loaded and ready",
                                    registry=r)
+        self.resident_bytes = Gauge("heron_worker_model_memory_bytes",
+                                    "Weights and buffers of the loaded models", registry=r)
+        self.evictions = Counter("heron_worker_model_evictions_total",
+                                 "Models unloaded, by reason (memory, budget, idle)",
+                                 ["model", "reason"], registry=r)
+
+        r.register(WeightCacheCollector())
 
     def observe_batch(self, model: str, stats: BatchStats) -> None:
         self.items.labels(model).inc(stats.items)
@@ -44,5 +56,36 @@ class WorkerMetrics:
         self.batch_tokens.labels(model).observe(stats.padded_tokens)
         self.padding_ratio.labels(model).observe(stats.padded_tokens / max(1, stats.real_tokens))
 
+    def observe_eviction(self, model: str, reason: str) -> None:
+        self.evictions.labels(model, reason).inc()
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class WeightCacheCollector(Collector):
+    """The weight tiers' counters (worker/weight_stats.py), read at scrape time."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        stats = weight_cache_stats()
+        for name, doc, values in (
+                ("heron_weight_cache_hits", "Weight resolutions served, by tier", stats.hits),
+                ("heron_weight_cache_misses", "Tiers looked in without the model",
+                 stats.misses),
+                ("heron_weight_cache_errors", "Tiers that failed to answer", stats.errors),
+                ("heron_weight_cache_downloaded_bytes", "Bytes fetched, by tier",
+                 stats.downloaded_bytes)):
+            family = CounterMetricFamily(name, doc, labels=["tier"])
+            for tier, value in sorted(values.items()):
+                family.add_metric([tier], value)
+            yield family
+        for name, doc, value in (
+                ("heron_weight_cache_evictions", "Local cache directories removed (LRU)",
+                 stats.evictions),
+                ("heron_weight_cache_evicted_bytes", "Bytes removed from the local cache",
+                 stats.evicted_bytes),
+                ("heron_weight_s3_uploads", "Read-through uploads to the S3 cache",
+                 stats.s3_uploads),
+                ("heron_weight_s3_upload_failures", "Read-through uploads that failed",
+                 stats.s3_upload_failures)):
+            yield CounterMetricFamily(name, doc, value=value)

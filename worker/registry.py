@@ -2,12 +2,21 @@
 
 Names resolve through ids and aliases. Loading runs off the event loop (weights resolve,
 the model loads, one warm-up forward pass); a request for a model that is not loaded yet
-starts its load and gets 503 MODEL_LOADING with Retry-After. LRU eviction joins with #6.
+starts its load and gets 503 MODEL_LOADING with Retry-After.
+
+Memory (worker/memory.py): every use touches a model. Before a load, and every second,
+the least recently used idle model is evicted while memory is over the threshold or the
+models' weights over the budget; a model with work queued or running is never evicted, and
+a request for an evicted model loads it again. A load failure is permanent (bad config or
+weights: FAILED, 502, no retry) or transient (memory: 503 + Retry-After, tried again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import gc
 import logging
 import os
 import threading
@@ -23,12 +32,31 @@ import torch
 from sdk.errors import ErrorCode, HeronError
 from sdk.modelconfig import Bundle, ModelConfig, Profile
 from worker.adapters import ADAPTERS
+from worker.memory import (
+    InsufficientMemory,
+    MemoryPolicy,
+    memory_used_percent,
+    module_bytes,
+    weights_bytes,
+)
 from worker.runner import BatchStats, ModelRunner
-from worker.weights import WeightsUnavailable, resolve_weights
+from worker.weight_cache import unpin_weights
+from worker.weights import (
+    WeightsTemporarilyUnavailable,
+    WeightsUnavailable,
+    resolve_weights,
+    wait_for_uploads,
+)
 
 log = logging.getLogger("heron.worker.registry")
 
 T = TypeVar("T")
+
+# The longest a request waits for an evicted model to load again before a 503.
+RELOAD_WAIT_MAX_S = 30.0
+# Load failures worth another try later; anything else is permanent.
+TRANSIENT_LOAD_ERRORS: tuple[type[BaseException], ...] = (
+    InsufficientMemory, MemoryError, torch.OutOfMemoryError, WeightsTemporarilyUnavailable)
 
 
 class LoadState(StrEnum):
@@ -49,6 +77,15 @@ class ModelEntry:
     device: str | None = None
     dtype: str | None = None
     last_used: float = 0.0
+    resident_bytes: int = 0  # weights and buffers while loaded; the estimate for a reload
+    loaded_once: bool = False
+    retry_at: float | None = None  # a transient load failure: not before this (monotonic)
+    weights_path: Any = None  # pinned in the weight cache while loaded
+
+    @property
+    def idle(self) -> bool:
+        runner = self.runner
+        return runner is not None and runner.in_flight == 0 and len(runner.batcher) == 0
 
 
 def select_device(requested: str) -> torch.device:
@@ -78,8 +115,13 @@ class ModelRegistry:
     def __init__(self, bundle: Bundle, *, device: str | None = None,
                  extra_models: list[ModelConfig] | None = None,
                  tokenize_threads: int | None = None,
-                 on_batch: Callable[[str, BatchStats], None] | None = None) -> None:
+                 on_batch: Callable[[str, BatchStats], None] | None = None,
+                 memory: MemoryPolicy | None = None,
+                 on_evict: Callable[[str, str], None] | None = None) -> None:
         self.bundle = bundle
+        self.memory = memory or MemoryPolicy.from_env()
+        self._on_evict = on_evict
+        self._monitor: asyncio.Task | None = None
         self.device_override = device
         self._entries: dict[str, ModelEntry] = {}
         self._names: dict[str, str] = {}
@@ -118,21 +160,52 @@ class ModelRegistry:
         return self._names.get(name)
 
     def runner(self, name: str) -> tuple[ModelEntry, ModelRunner]:
-        """The ready runner for a model, or 503 MODEL_LOADING (load started) / 502."""
+        """The ready runner for a model (touched: it is the most recently used now), or
+        503 MODEL_LOADING (load started) / 503 INSUFFICIENT_MEMORY / 502."""
         entry = self.entry(name)
+        entry.last_used = time.monotonic()
         if entry.state is LoadState.READY and entry.runner is not None:
-            entry.last_used = time.monotonic()
             return entry, entry.runner
         if entry.state is LoadState.FAILED:
             raise HeronError(ErrorCode.MODEL_LOAD_FAILED,
                              f"model {entry.config.id} failed to load: {entry.error}")
+        wait = 0.0 if entry.retry_at is None else entry.retry_at - time.monotonic()
+        if wait > 0 and entry.state is LoadState.NOT_LOADED:
+            raise HeronError(ErrorCode.INSUFFICIENT_MEMORY,
+                             f"model {entry.config.id} cannot load now: {entry.error}",
+                             retry_after_s=max(1.0, wait))
         self.start_load(entry)
         raise HeronError(ErrorCode.MODEL_LOADING, f"model {entry.config.id} is loading",
                          retry_after_s=2.0)
 
+    async def acquire(self, name: str) -> tuple[ModelEntry, ModelRunner]:
+        """``runner``, except that a request for a model evicted earlier waits for its
+        reload (bounded by how long its first load took) instead of a 503: an eviction is
+        the worker's business, not the caller's."""
+        try:
+            return self.runner(name)
+        except HeronError as exc:
+            entry = self.entry(name)
+            task = entry.load_task
+            if (exc.code is not ErrorCode.MODEL_LOADING or task is None
+                    or not entry.loaded_once):
+                raise
+            wait_s = min(RELOAD_WAIT_MAX_S, 3 * (entry.load_seconds or 1.0) + 1.0)
+            try:
+                await asyncio.wait_for(asyncio.shield(task), wait_s)
+            except TimeoutError:
+                raise exc from None
+            return self.runner(name)
+
     @property
     def ready(self) -> bool:
-        return all(self.entry(n).state is LoadState.READY for n in self._required)
+        """Every required model warmed up once (an evicted one loads again on demand)."""
+        return all(self.entry(n).loaded_once and self.entry(n).state is not LoadState.FAILED
+                   for n in self._required)
+
+    def resident_bytes(self) -> int:
+        return sum(e.resident_bytes for e in self._entries.values()
+                   if e.state is LoadState.READY)
 
     def apply_bundle(self, bundle: Bundle) -> list[str]:
         """The bundle as the config service now has it: models it gained are added and
@@ -169,25 +242,45 @@ class ModelRegistry:
         started = time.monotonic()
         try:
             async with self._load_lock:
-                runner = await run_in_fresh_thread(self._load_blocking, entry)
+                # Pinned: the weight cache's own cleanup leaves a loaded model's files alone.
+                entry.weights_path = await run_in_fresh_thread(
+                    functools.partial(resolve_weights, config, pin=True))
+                path = entry.weights_path
+                await self._make_room(entry, entry.resident_bytes or weights_bytes(path))
+                runner = await run_in_fresh_thread(self._load_blocking, entry, path)
                 await runner.warm_up()
+        except TRANSIENT_LOAD_ERRORS as exc:
+            # Memory comes back (other models go idle, a neighbour exits), a throttled store
+            # answers again: try again later, on demand.
+            self._unpin(entry)
+            retry_s = getattr(exc, "retry_after_s", None) or self.memory.retry_after_s
+            entry.state, entry.load_task = LoadState.NOT_LOADED, None
+            entry.error = f"{type(exc).__name__}: {exc}"
+            entry.retry_at = time.monotonic() + retry_s
+            log.warning("model %s cannot load now (retrying on demand in %.0fs): %s",
+                        config.id, retry_s, entry.error)
+            gc.collect()
+            return
         except Exception as exc:
+            self._unpin(entry)
             entry.state = LoadState.FAILED
             entry.error = f"{type(exc).__name__}: {exc}"
             log.error("model %s failed to load: %s", config.id, entry.error)
             return
         runner.start()
-        entry.runner = runner
+        entry.runner, entry.retry_at, entry.error = runner, None, None
+        entry.resident_bytes = module_bytes(runner.adapter.model)
         entry.load_seconds = time.monotonic() - started
-        entry.state = LoadState.READY
-        log.info("model %s ready on %s in %.1fs", config.id, entry.device, entry.load_seconds)
+        entry.last_used = time.monotonic()
+        entry.state, entry.loaded_once = LoadState.READY, True
+        log.info("model %s ready on %s in %.1fs (%.0f MB)", config.id, entry.device,
+                 entry.load_seconds, entry.resident_bytes / 1e6)
 
-    def _load_blocking(self, entry: ModelEntry) -> ModelRunner:
+    def _load_blocking(self, entry: ModelEntry, path: Any) -> ModelRunner:
         config = entry.config
         profile: Profile = config.profile
         device = select_device(self.device_override or profile.device)
         weights_dtype, autocast_dtype = select_precision(profile.precision, device)
-        path = resolve_weights(config)
         adapter = ADAPTERS[config.adapter](config, profile)
         adapter.load(path, device, weights_dtype)
         model_id = config.id
@@ -204,7 +297,88 @@ class ModelRegistry:
         entry.dtype = str(autocast_dtype or weights_dtype).removeprefix("torch.")
         return runner
 
+    # ---- eviction ----------------------------------------------------------------------
+    def _over(self, extra_bytes: int = 0) -> str | None:
+        """Why memory is over its limits with ``extra_bytes`` more loaded (None: it is not)."""
+        budget = self.memory.budget_bytes
+        if budget is not None and self.resident_bytes() + extra_bytes > budget:
+            return "budget"
+        device = self.device_override if self.device_override not in (None, "auto") else (
+            "cuda" if torch.cuda.is_available() else "cpu")
+        if memory_used_percent(device) >= self.memory.threshold_percent:
+            return "memory"
+        return None
+
+    def _lru_idle(self, keep: ModelEntry | None = None) -> ModelEntry | None:
+        idle = [e for e in self._entries.values()
+                if e is not keep and e.state is LoadState.READY and e.idle]
+        return min(idle, key=lambda e: e.last_used, default=None)
+
+    async def _make_room(self, entry: ModelEntry, needed_bytes: int) -> None:
+        """Evict LRU idle models until ``needed_bytes`` more fit; InsufficientMemory if
+        they cannot (every other model is busy)."""
+        while (reason := self._over(needed_bytes)) is not None:
+            victim = self._lru_idle(keep=entry)
+            if victim is None:
+                raise InsufficientMemory(
+                    f"over the {self._limit_text(reason)} with no idle model to evict "
+                    f"(needs about {needed_bytes / 1e6:.0f} MB)")
+            await self.evict(victim, reason)
+
+    def _limit_text(self, reason: str) -> str:
+        if reason == "budget":
+            return f"model memory budget ({self.memory.budget_bytes / 1e6:.0f} MB)"
+        return f"memory threshold ({self.memory.threshold_percent:g}% used)"
+
+    @staticmethod
+    def _unpin(entry: ModelEntry) -> None:
+        if entry.weights_path is not None:
+            unpin_weights(entry.weights_path)
+            entry.weights_path = None
+
+    async def evict(self, entry: ModelEntry, reason: str) -> None:
+        """Unload an idle model; its next request loads it again."""
+        runner = entry.runner
+        entry.state, entry.runner, entry.load_task = LoadState.NOT_LOADED, None, None
+        if runner is not None:
+            await runner.stop()
+            runner.adapter.release()
+        self._unpin(entry)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        log.info("evicted model %s (%s; %.0f MB)", entry.config.id, reason,
+                 entry.resident_bytes / 1e6)
+        if self._on_evict is not None:
+            self._on_evict(entry.config.id, reason)
+
+    async def _watch_memory(self) -> None:
+        """Every second: evict LRU idle models while over the threshold or budget, and
+        models idle past HERON_IDLE_EVICT_S."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                while (reason := self._over()) is not None and (
+                        victim := self._lru_idle()) is not None:
+                    await self.evict(victim, reason)
+                idle_s = self.memory.idle_evict_s
+                if idle_s is not None:
+                    now = time.monotonic()
+                    for e in list(self._entries.values()):
+                        if e.state is LoadState.READY and e.idle and now - e.last_used > idle_s:
+                            await self.evict(e, "idle")
+            except Exception:  # the watcher must outlive any one failure
+                log.exception("memory watch failed")
+
+    def start_memory_watch(self) -> None:
+        if self._monitor is None:
+            self._monitor = asyncio.get_running_loop().create_task(self._watch_memory())
+
     async def close(self) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._monitor
         for entry in self._entries.values():
             if entry.load_task is not None and not entry.load_task.done():
                 entry.load_task.cancel()
@@ -212,6 +386,8 @@ class ModelRegistry:
                 await entry.runner.stop()
         self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
         self._cpu_infer_pool.shutdown(wait=False, cancel_futures=True)
+        # A read-through upload to the S3 weight cache in progress gets a moment to finish.
+        await asyncio.get_running_loop().run_in_executor(None, wait_for_uploads, 10.0)
 
 
 async def run_in_fresh_thread(fn: Callable[..., T], *args: Any) -> T:

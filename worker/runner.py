@@ -99,6 +99,10 @@ class ModelRunner:
 
     async def infer(self, items: list[Tokenized], *, priority: int = 0,
                     deadline: float | None = None) -> list[ItemResult]:
+        if self._task is None:  # evicted between picking this runner and now
+            raise HeronError(ErrorCode.MODEL_LOADING, f"model {self.adapter.config.id} was "
+                             "unloaded to free memory and is loading again",
+                             retry_after_s=2.0)
         loop = asyncio.get_running_loop()
         work = [WorkItem(payload=t, length=t.length, priority=priority, deadline=deadline,
                          future=loop.create_future()) for t in items]

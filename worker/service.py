@@ -60,6 +60,17 @@ class InferenceService:
     # ---- the shared path: tokenize, check, batch, infer --------------------------------
     async def _run(self, runner: ModelRunner, inputs: list[TextInput], options: RequestOptions,
                    timings: Timings) -> tuple[list[Tokenized], list[ItemResult]]:
+        # Counted from before tokenizing: a model with a request anywhere past picking its
+        # runner is busy, and LRU eviction leaves busy models alone.
+        runner.in_flight += 1
+        try:
+            return await self._tokenize_and_infer(runner, inputs, options, timings)
+        finally:
+            runner.in_flight -= 1
+
+    async def _tokenize_and_infer(self, runner: ModelRunner, inputs: list[TextInput],
+                                  options: RequestOptions, timings: Timings
+                                  ) -> tuple[list[Tokenized], list[ItemResult]]:
         started = time.monotonic()
         deadline = started + options.timeout_s if options.timeout_s else None
         tokens = await runner.tokenize(inputs)
@@ -86,8 +97,8 @@ class InferenceService:
         timings.total = time.monotonic() - started
         return tokens, results
 
-    def _runner_for(self, model: str, task: str) -> tuple[ModelEntry, ModelRunner]:
-        entry, runner = self.registry.runner(model)
+    async def _runner_for(self, model: str, task: str) -> tuple[ModelEntry, ModelRunner]:
+        entry, runner = await self.registry.acquire(model)
         tasks = ADAPTER_TASKS[entry.config.adapter]
         if task not in tasks:
             raise HeronError(ErrorCode.UNSUPPORTED_TASK,
@@ -104,7 +115,7 @@ class InferenceService:
 
     # ---- encode ------------------------------------------------------------------------
     async def encode(self, model: str, req: EncodeRequest) -> Outcome:
-        entry, runner = self._runner_for(model, "encode")
+        entry, runner = await self._runner_for(model, "encode")
         check_outputs(entry.config.id, runner.adapter.output_types, req)
         if req.dims is not None and "dense" in req.output_types and runner.adapter.hidden_size \
                 and req.dims > runner.adapter.hidden_size:
@@ -143,7 +154,7 @@ class InferenceService:
 
     # ---- score -------------------------------------------------------------------------
     async def score(self, model: str, req: ScoreRequest) -> Outcome:
-        entry, runner = self._runner_for(model, "score")
+        entry, runner = await self._runner_for(model, "score")
         timings = Timings()
         if runner.adapter.task == "score":
             tokens, results = await self._run(
@@ -176,7 +187,7 @@ class InferenceService:
 
     # ---- extract -----------------------------------------------------------------------
     async def extract(self, model: str, req: ExtractRequest) -> Outcome:
-        entry, runner = self._runner_for(model, "extract")
+        entry, runner = await self._runner_for(model, "extract")
         timings = Timings()
         tokens, results = await self._run(runner, [i.text for i in req.items], req.options,
                                           timings)

@@ -92,12 +92,13 @@ async def test_expired_and_cancelled_items_are_not_computed() -> None:
         assert item.future.exception().code is ErrorCode.DEADLINE_EXCEEDED
 
 
-async def test_waits_for_more_items_within_the_window() -> None:
+async def test_waits_for_more_items_when_they_come_faster_than_a_forward_pass() -> None:
     b = new(max_items=4, wait_s=0.2)
+    b.cost.overhead_s, b.cost.expected_gap_s = 0.05, 0.01  # items come 5x faster
     make(b, [5])
 
     async def later() -> None:
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.015)
         make(b, [5, 5, 5])
 
     task = asyncio.create_task(later())
@@ -106,8 +107,34 @@ async def test_waits_for_more_items_within_the_window() -> None:
     assert len(batch) == 4  # filled before the window closed
 
 
+async def test_does_not_wait_when_arrivals_are_sparse() -> None:
+    b = new(max_items=4, wait_s=0.5)
+    b.cost.overhead_s, b.cost.expected_gap_s = 0.002, 0.3  # waiting would not pay
+    make(b, [5])
+    started = time.monotonic()
+    batch = await asyncio.wait_for(b.next_batch(), 2)
+    assert len(batch) == 1 and time.monotonic() - started < 0.05
+
+
+async def test_arrival_gaps_are_learned() -> None:
+    b = new()
+    for _ in range(40):
+        make(b, [5])
+        await asyncio.sleep(0.002)
+    assert b.cost.expected_gap_s < 0.02
+
+
+async def test_a_waiting_low_priority_item_ages_past_fresh_high_priority_work() -> None:
+    b = new(max_tokens=10, max_items=1)
+    old = make(b, [5], priority=1)
+    old[0].enqueued_at -= 1.5  # waited 1.5 s: aged past priority 0
+    make(b, [5], priority=0)
+    assert (await b.next_batch()) == old
+
+
 async def test_window_is_bounded() -> None:
     b = new(max_items=64, wait_s=0.05)
+    b.cost.overhead_s, b.cost.expected_gap_s = 0.05, 0.001  # would wait, but not past 50 ms
     make(b, [5])
     started = time.monotonic()
     batch = await asyncio.wait_for(b.next_batch(), 2)

@@ -104,6 +104,11 @@ class Adapter(ABC):
         self.max_length = min(self.profile.max_sequence_length or limit, limit)
         self.hidden_size = int(getattr(model.config, "hidden_size", 0) or 0)
 
+    def release(self) -> None:
+        """Drop the weights (eviction); the tokenizer stays for requests already past it."""
+        if hasattr(self, "model"):
+            del self.model
+
     @abstractmethod
     def load_model(self, path: Path) -> torch.nn.Module: ...
 

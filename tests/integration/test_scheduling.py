@@ -1,0 +1,49 @@
+"""Scheduling against the session's `heron serve`: a caller that has gone costs no compute,
+and priorities order the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+
+import httpx
+
+LONG = "the heron waits in the shallows for a fish to swim past its feet " * 20  # > 256 tok
+
+
+def items_computed(http: httpx.Client, model: str) -> float:
+    text = http.get("/metrics").text
+    match = re.search(rf'^heron_worker_items_total{{model="{re.escape(model)}"}} (\S+)$', text,
+                      re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_a_request_whose_client_left_is_not_computed(base_url: str, http: httpx.Client) -> None:
+    model = "sentence-transformers/all-MiniLM-L6-v2"
+    before = items_computed(http, model)
+
+    async def scenario() -> int:
+        async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
+            busy = asyncio.create_task(client.post(
+                "/v1/encode/minilm", json={"items": [f"{n} {LONG}" for n in range(120)]}))
+            await asyncio.sleep(0.3)  # the long request is queued and running
+            # Queued behind it (a lower priority), then abandoned by its client.
+            with contextlib.suppress(httpx.TimeoutException):
+                await client.post("/v1/encode/minilm", timeout=0.3, json={
+                    "items": [f"abandoned {n}" for n in range(400)], "priority": 3})
+            r = await busy
+            assert r.status_code == 200
+            # Anything still queued from the abandoned request is older and of a higher
+            # priority than this one: once this is answered, the queue has been worked off.
+            last = await client.post("/v1/encode/minilm",
+                                     json={"items": ["last in line"], "priority": 9})
+            assert last.status_code == 200
+            return len(r.json()["items"])
+
+    done = asyncio.run(scenario())
+    computed = items_computed(http, model) - before
+    assert done == 120
+    assert computed < 120 + 64, f"{computed} items computed; the 400 abandoned ones must not be"
+    # The server is fine and serves the next request.
+    assert http.post("/v1/encode/minilm", json={"items": ["still here"]}).status_code == 200
