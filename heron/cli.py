@@ -47,6 +47,7 @@ def _run_worker(args: argparse.Namespace, queue: QueueMode | None) -> int:
         torch.set_num_threads(args.threads)
     bundle = _select_models(load_bundle(args.bundle), args.models)
     app = create_app(bundle, device=None if args.device == "auto" else args.device,
+                     precision=None if args.precision == "profile" else args.precision,
                      queue=queue)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 access_log=args.access_log, loop="uvloop", http="httptools",
@@ -111,6 +112,11 @@ def _add_worker_args(parser: argparse.ArgumentParser, default_port: int) -> None
                              "and/or model config YAML paths to add")
     parser.add_argument("--device", default=os.environ.get("HERON_DEVICE", "auto"),
                         choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--precision", default=os.environ.get("HERON_PRECISION", "profile"),
+                        choices=["profile", "auto", "fp32", "bf16", "fp16"],
+                        help="override every model's profile precision (default: each "
+                             "profile's own; auto = fp16 on CUDA, bf16 on CPUs with native "
+                             "bf16, else fp32)")
     parser.add_argument("--threads", type=int,
                         default=int(os.environ.get("HERON_THREADS", "0")),
                         help="torch intra-op threads (0: torch's default, one per core)")

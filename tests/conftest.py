@@ -7,6 +7,14 @@ import os
 # No test may reach a model hub; the hub test sets its own loopback endpoint.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every server and worker the suite starts computes in fp32 (`heron --precision` reads this),
+# so tests can compare answers across batch compositions and processes at 1e-5: a mix-up
+# of items shows. The default precision (bf16 on CPUs with native bf16) has its own test,
+# tests/integration/test_precision.py, against fp32 at cosine >= 0.9999.
+os.environ.setdefault("HERON_PRECISION", "fp32")
+# The shared servers must not evict their models because the machine is busy with other
+# tests' processes; eviction has its own tests with explicit budgets.
+os.environ.setdefault("HERON_MEMORY_THRESHOLD_PERCENT", "99")
 
 import shutil
 import time

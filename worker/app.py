@@ -55,10 +55,12 @@ class QueueMode:
 
 class WorkerApp:
     def __init__(self, bundle: Bundle, *, device: str | None = None,
+                 precision: str | None = None,
                  extra_models: list[ModelConfig] | None = None,
                  queue: QueueMode | None = None) -> None:
         self.metrics = WorkerMetrics()
-        self.registry = ModelRegistry(bundle, device=device, extra_models=extra_models,
+        self.registry = ModelRegistry(bundle, device=device, precision=precision,
+                                      extra_models=extra_models,
                                       on_batch=self.metrics.observe_batch,
                                       on_evict=self.metrics.observe_eviction)
         self.service = InferenceService(self.registry)
@@ -224,7 +226,8 @@ class WorkerApp:
                          lifespan=self.lifespan)
 
 
-def create_app(bundle: Bundle, *, device: str | None = None,
+def create_app(bundle: Bundle, *, device: str | None = None, precision: str | None = None,
                extra_models: list[ModelConfig] | None = None,
                queue: QueueMode | None = None) -> Starlette:
-    return WorkerApp(bundle, device=device, extra_models=extra_models, queue=queue).build()
+    return WorkerApp(bundle, device=device, precision=precision, extra_models=extra_models,
+                     queue=queue).build()

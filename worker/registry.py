@@ -25,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -98,9 +99,13 @@ def select_device(requested: str) -> torch.device:
 
 def select_precision(precision: str,
                      device: torch.device) -> tuple[torch.dtype, torch.dtype | None]:
-    """(weights dtype, autocast dtype). fp16 weights on CUDA; bf16 on CPU via autocast."""
-    if precision == "auto":
-        precision = "fp16" if device.type == "cuda" else "fp32"
+    """(weights dtype, autocast dtype). ``auto``: fp16 weights on CUDA; on CPU, bf16 through
+    autocast where the CPU computes bf16 natively (AMX or AVX512-BF16: measured about 2x
+    MiniLM's fp32 throughput, embeddings within cosine 0.9999), else fp32."""
+    if precision == "auto" and device.type == "cuda":
+        precision = "fp16"
+    elif precision == "auto":
+        precision = "bf16" if cpu_has_native_bf16() else "fp32"
     if precision == "fp16":
         if device.type != "cuda":
             raise WeightsUnavailable("precision fp16 needs CUDA; use bf16 or fp32 on CPU")
@@ -111,8 +116,20 @@ def select_precision(precision: str,
     return torch.float32, None
 
 
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """AMX-BF16 or AVX512-BF16 (Linux /proc/cpuinfo); elsewhere, emulated bf16 is slower
+    than fp32, so no."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 class ModelRegistry:
     def __init__(self, bundle: Bundle, *, device: str | None = None,
+                 precision: str | None = None,
                  extra_models: list[ModelConfig] | None = None,
                  tokenize_threads: int | None = None,
                  on_batch: Callable[[str, BatchStats], None] | None = None,
@@ -123,6 +140,7 @@ class ModelRegistry:
         self._on_evict = on_evict
         self._monitor: asyncio.Task | None = None
         self.device_override = device
+        self.precision_override = precision
         self._entries: dict[str, ModelEntry] = {}
         self._names: dict[str, str] = {}
         for config in (*bundle.models, *(extra_models or [])):
@@ -280,7 +298,8 @@ class ModelRegistry:
         config = entry.config
         profile: Profile = config.profile
         device = select_device(self.device_override or profile.device)
-        weights_dtype, autocast_dtype = select_precision(profile.precision, device)
+        weights_dtype, autocast_dtype = select_precision(
+            self.precision_override or profile.precision, device)
         adapter = ADAPTERS[config.adapter](config, profile)
         adapter.load(path, device, weights_dtype)
         model_id = config.id
