@@ -68,7 +68,7 @@ class WeightSource:
 class Profile:
     max_batch_tokens: int = 16384
     max_batch_items: int = 128
-    max_wait_ms: float = 0.0  # 0: batch what queued while the model was busy
+    max_wait_ms: float = 5.0  # the adaptive wait's bound (0: never wait; batcher.py)
     max_sequence_length: int | None = None  # None: the model's own limit
     precision: str = "auto"  # auto: fp16 on CUDA, fp32 on CPU
     device: str = "auto"
