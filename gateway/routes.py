@@ -57,7 +57,14 @@ from sdk.cluster import (
 )
 from sdk.errors import ErrorCode, HeronError
 from sdk.openai_compat import embeddings_response, parse_embeddings_request
-from sdk.server import EXCEPTION_HANDLERS, read_body, respond
+from sdk.server import (
+    CLIENT_CLOSED_STATUS,
+    EXCEPTION_HANDLERS,
+    ClientDisconnected,
+    read_body,
+    respond,
+    unless_disconnected,
+)
 from sdk.types import EncodeRequest, ExtractRequest, Item, RequestOptions, ScoreRequest
 
 log = logging.getLogger("heron.gateway")
@@ -163,7 +170,9 @@ class GatewayApp:
         status, label = 500, request.path_params.get("model", "_unknown")
         try:
             body, fmt = await read_body(request) if read else (None, None)
-            answer = await handle(body)
+            # A client that disconnects stops the wait: its items stop counting against the
+            # pool's backlog at once (workers drop them when their deadline passes).
+            answer = await unless_disconnected(request, handle(body))
             status, label = 200, answer.model_id
             headers = self._headers(request, answer.timings, started)
             if json_only:  # OpenAI clients speak JSON only, whatever they send in Accept
@@ -177,6 +186,9 @@ class GatewayApp:
         except HeronError as exc:
             status = exc.status
             raise
+        except ClientDisconnected:
+            status = CLIENT_CLOSED_STATUS
+            return Response(status_code=CLIENT_CLOSED_STATUS)
         finally:
             # Labels use model ids; unknown names must not mint new label values.
             model = self.registry.canonical_id(label) or "_unknown"

@@ -6,8 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 
 import httpx
+import pytest
+
+from tests.gateway_harness import FakeWorker, GatewayThread, unique
+from tests.nats_server import NatsServer
 
 LONG = "the heron waits in the shallows for a fish to swim past its feet " * 20  # > 256 tok
 
@@ -47,3 +52,28 @@ def test_a_request_whose_client_left_is_not_computed(base_url: str, http: httpx.
     assert computed < 120 + 64, f"{computed} items computed; the 400 abandoned ones must not be"
     # The server is fine and serves the next request.
     assert http.post("/v1/encode/minilm", json={"items": ["still here"]}).status_code == 200
+
+
+def test_the_gateway_stops_waiting_for_a_client_that_left(nats_server: NatsServer) -> None:
+    pool = unique("gone")
+    worker = FakeWorker(nats_server.url, pool, "default", answer=False).start()  # never answers
+    gateway = GatewayThread(nats_server.url, {"default": pool}).start()
+    try:
+        deadline = time.monotonic() + 10
+        while not gateway.gateway.health.has_capacity(pool):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(gateway.url + "/v1/encode/minilm", timeout=0.5,
+                       json={"items": ["nobody will answer"] * 10})
+        # Without the disconnect watch these 10 items would count against the pool's
+        # backlog for the whole default timeout (30 s).
+        deadline = time.monotonic() + 3
+        while gateway.gateway.dispatcher.outstanding(pool):
+            assert time.monotonic() < deadline, "the gateway kept waiting"
+            time.sleep(0.05)
+        text = httpx.get(gateway.url + "/metrics").text
+        assert 'status="499"' in text
+    finally:
+        gateway.stop()
+        worker.stop()
