@@ -3,7 +3,8 @@
 No network and no data sets: texts are drawn from ``WORDS`` with a seeded RNG. Each text
 gets a target length in MiniLM tokens from a log-normal distribution (most texts short, a
 tail of long ones), clipped to [MIN_TOKENS, MAX_TOKENS]; lengths are then measured with
-the real tokenizer.
+the real tokenizer. ``build_workload(..., max_tokens=256, median_tokens=..., sigma=...)``
+draws from another log-normal (``LONG_TAIL``: the 8-256-token mix of bench/peers_bench.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ MIN_TOKENS = 8
 MAX_TOKENS = 128
 MEDIAN_TOKENS = 20  # log-normal: p90 ~ 50 tokens, p99 ~ 100 tokens before clipping
 SIGMA = 0.7
+# bench/peers_bench.py: 8-256 tokens, median 32, a heavier tail (p90 ~100 tokens, ~1% at
+# 256): short queries mixed with passages, as an embedding service sees them.
+LONG_TAIL = {"max_tokens": 256, "median_tokens": 32, "sigma": 0.9}
 
 WORDS = """
 the a an of to in on for with by from at as about after before between during without
@@ -97,9 +101,10 @@ def load_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(model_dir()))
 
 
-def _target_length(rng: random.Random) -> int:
-    tokens = round(rng.lognormvariate(math.log(MEDIAN_TOKENS), SIGMA))
-    return min(MAX_TOKENS, max(MIN_TOKENS, tokens))
+def _target_length(rng: random.Random, median: float = MEDIAN_TOKENS, sigma: float = SIGMA,
+                   max_tokens: int = MAX_TOKENS) -> int:
+    tokens = round(rng.lognormvariate(math.log(median), sigma))
+    return min(max_tokens, max(MIN_TOKENS, tokens))
 
 
 def _text(rng: random.Random, budget: int, word_tokens: dict[str, int],
@@ -129,15 +134,18 @@ def _text(rng: random.Random, budget: int, word_tokens: dict[str, int],
     return " ".join(sentences)
 
 
-def build_workload(n: int, *, seed: int = 1234, tokenizer: Any = None) -> Workload:
-    """``n`` texts, the same for the same ``n`` and ``seed``."""
+def build_workload(n: int, *, seed: int = 1234, tokenizer: Any = None,
+                   max_tokens: int = MAX_TOKENS, median_tokens: float = MEDIAN_TOKENS,
+                   sigma: float = SIGMA) -> Workload:
+    """``n`` texts, the same for the same ``n``, ``seed`` and length distribution."""
     tokenizer = tokenizer or load_tokenizer()
     vocab = sorted(set(WORDS) | set(CONNECTORS) | set(NUMBERS))
     pieces = tokenizer(vocab, add_special_tokens=False)["input_ids"]
     word_tokens = {w: len(ids) for w, ids in zip(vocab, pieces, strict=True)}
     short_words = [w for w in WORDS if word_tokens[w] == 1]
     rng = random.Random(seed)
-    texts = [_text(rng, _target_length(rng) - 2, word_tokens, short_words)  # [CLS], [SEP]
+    texts = [_text(rng, _target_length(rng, median_tokens, sigma, max_tokens) - 2,  # [CLS], [SEP]
+                   word_tokens, short_words)
              for _ in range(n)]
     tokens = [len(ids) for ids in tokenizer(texts)["input_ids"]]
     return Workload(texts, tokens)
