@@ -63,3 +63,13 @@ async def test_packed_batcher_counts_real_tokens_not_padding() -> None:
     assert sorted(w.length for w in await padded.next_batch()) == [5] * 10
     # Packed: 10 x 5 + 100 = 150 real tokens fit the budget in one forward pass.
     assert len(await packed.next_batch()) == 11
+
+
+def test_packed_lengths_round_up_to_few_shapes() -> None:
+    from worker.adapters.packing import bucketed_length
+
+    sizes = {bucketed_length(t) for t in range(1, 8193)}
+    assert len(sizes) <= 110  # oneDNN builds kernels per shape: keep them few
+    for t in range(1, 8193):
+        b = bucketed_length(t)
+        assert t <= b <= max(t + 7, t * 1.125)

@@ -56,7 +56,7 @@ class Batch:
         inputs: dict[str, Any] = {"input_ids": self.input_ids}
         if self.packing is not None:
             inputs["position_ids"] = self.position_ids
-            inputs["heron_segments"] = self.packing.segments
+            inputs["heron_segments"] = self.packing.attention_segments
         else:
             inputs["attention_mask"] = self.attention_mask
         if self.token_type_ids is not None:
@@ -183,18 +183,28 @@ class Adapter(ABC):
         lengths = np.fromiter((t.length for t in items), dtype=np.int64, count=len(items))
         starts = np.zeros(len(items), dtype=np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
-        total = int(lengths.sum())
-        ids = np.fromiter((i for t in items for i in t.input_ids), dtype=np.int64, count=total)
-        positions = np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
+        real = int(lengths.sum())
+        total = packing.bucketed_length(real)
+        pad_id = self.tokenizer.pad_token_id or 0
+        ids = np.full(total, pad_id, dtype=np.int64)
+        ids[:real] = np.fromiter((i for t in items for i in t.input_ids), dtype=np.int64,
+                                 count=real)
+        positions = np.arange(total, dtype=np.int64)
+        positions[:real] -= np.repeat(starts, lengths)
+        positions[real:] -= real  # the padding segment counts from 0 too
         types = None
         if items[0].token_type_ids is not None:
-            types = np.fromiter((i for t in items for i in (t.token_type_ids or [0] * t.length)),
-                                dtype=np.int64, count=total)
+            types = np.zeros(total, dtype=np.int64)
+            types[:real] = np.fromiter(
+                (i for t in items for i in (t.token_type_ids or [0] * t.length)),
+                dtype=np.int64, count=real)
         to = self.device
         segment_ids = torch.from_numpy(np.repeat(np.arange(len(items)), lengths)).to(to)
-        layout = Packing(segments=[(int(s), int(s + n)) for s, n in zip(starts, lengths,
-                                                                         strict=True)],
-                         starts=torch.from_numpy(starts).to(to), segment_ids=segment_ids)
+        segments = [(int(s), int(s + n)) for s, n in zip(starts, lengths, strict=True)]
+        layout = Packing(segments=segments, starts=torch.from_numpy(starts).to(to),
+                         segment_ids=segment_ids,
+                         attention_segments=segments + ([(real, total)] if total > real
+                                                        else []))
         return Batch(items=items, input_ids=torch.from_numpy(ids).to(to).unsqueeze(0),
                      attention_mask=torch.ones(1, total, dtype=torch.int64, device=to),
                      token_type_ids=None if types is None else
