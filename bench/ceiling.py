@@ -4,8 +4,9 @@ Run in its own process after the server has stopped, so the two never share the 
 
     python -m bench.ceiling TEXTS_JSON [--seconds S] [--batch-size 32] [--threads N]
 
-Texts are sorted by token length and run in batches (fp32, inference_mode, mean pooling,
-L2-normalised), pass after pass until the time budget is spent. A pass times the whole
+Texts are sorted by token length and run in batches (inference_mode, mean pooling,
+L2-normalised; fp32, or with ``--precision bf16`` under bf16 autocast exactly as the
+server runs it), pass after pass until the time budget is spent. A pass times the whole
 path from texts to vectors (tokenize + forward + pool); its forward share is reported too.
 Prints one JSON object.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,20 +30,26 @@ from bench.texts import model_dir
 MAX_LENGTH = 256  # the bundle's max_sequence_length for MiniLM
 
 
-def _embed(model: Any, tokenizer: Any, texts: list[str]) -> tuple[torch.Tensor, float]:
+def _embed(model: Any, tokenizer: Any, texts: list[str],
+           autocast: torch.dtype | None = None) -> tuple[torch.Tensor, float]:
     """Vectors and the seconds spent in tokenization."""
     started = time.perf_counter()
     enc = tokenizer(texts, padding=True, truncation=True, max_length=MAX_LENGTH,
                     return_tensors="pt")
     tokenize_s = time.perf_counter() - started
-    hidden = model(**enc).last_hidden_state
+    if autocast is None:
+        hidden = model(**enc).last_hidden_state
+    else:
+        with torch.autocast("cpu", dtype=autocast):
+            hidden = model(**enc).last_hidden_state.float()
     mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
     pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
     return F.normalize(pooled, p=2, dim=-1), tokenize_s
 
 
 def measure(texts: list[str], *, seconds: float, batch_size: int, min_passes: int = 2,
-            max_passes: int = 10) -> dict[str, Any]:
+            max_passes: int = 10, precision: str = "fp32") -> dict[str, Any]:
+    autocast = torch.bfloat16 if precision == "bf16" else None
     path = model_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     model = AutoModel.from_pretrained(str(path)).float().eval()
@@ -52,14 +60,14 @@ def measure(texts: list[str], *, seconds: float, batch_size: int, min_passes: in
     passes: list[dict[str, float]] = []
     with torch.inference_mode():
         for batch in (batches[0], batches[-1]):  # warm-up: shortest and longest batch
-            _embed(model, tokenizer, batch)
+            _embed(model, tokenizer, batch, autocast)
         budget_end = time.perf_counter() + seconds
         while len(passes) < max_passes and (len(passes) < min_passes
                                             or time.perf_counter() < budget_end):
             tokenize_s = 0.0
             started = time.perf_counter()
             for batch in batches:
-                tokenize_s += _embed(model, tokenizer, batch)[1]
+                tokenize_s += _embed(model, tokenizer, batch, autocast)[1]
             elapsed = time.perf_counter() - started
             passes.append({"seconds": round(elapsed, 3),
                            "sentences_per_s": round(len(texts) / elapsed, 1),
@@ -70,12 +78,28 @@ def measure(texts: list[str], *, seconds: float, batch_size: int, min_passes: in
         "sentences_per_s_median": rates[len(rates) // 2],
         "forward_only_per_s": max(p["forward_only_per_s"] for p in passes),
         "batch_size": batch_size,
-        "dtype": "float32",
+        "dtype": "bfloat16" if autocast is not None else "float32",
         "torch_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "n_texts": len(texts),
         "passes": passes,
     }
+
+
+def run_separately(texts_file: Path, *, seconds: float, batch_size: int = 32,
+                   dtype: str | None = None, threads: int = 0) -> dict[str, Any]:
+    """This module in its own process (the server must be stopped first), at the precision
+    a server reported as its ``dtype`` (``bfloat16`` -> bf16 autocast)."""
+    cmd = [sys.executable, "-m", "bench.ceiling", str(texts_file), "--seconds", f"{seconds:g}",
+           "--batch-size", str(batch_size),
+           "--precision", "bf16" if dtype == "bfloat16" else "fp32"]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                          timeout=seconds * 10 + 300, cwd=Path(__file__).resolve().parent.parent)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ceiling run failed (exit {proc.returncode}):\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,11 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="time budget for passes")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: under bf16 autocast, as heron serves on such CPUs")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     texts = json.loads(args.texts.read_text())
-    result = measure(texts, seconds=args.seconds, batch_size=args.batch_size)
+    result = measure(texts, seconds=args.seconds, batch_size=args.batch_size,
+                     precision=args.precision)
     json.dump(result, sys.stdout)
     sys.stdout.write("\n")
     return 0

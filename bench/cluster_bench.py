@@ -27,9 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.ceiling import run_separately
 from bench.load import run_wrk, write_bodies
 from bench.server import REPO, free_port, http
-from bench.texts import build_workload
+from bench.texts import LONG_TAIL, build_workload
 
 
 def log(message: str) -> None:
@@ -79,19 +80,22 @@ def step(url: str, bodies: Path, connections: int, duration_s: float) -> dict[st
     return run_wrk(url, bodies, connections=connections, duration_s=duration_s).summary()
 
 
-def run(quick: bool, out: Path) -> dict[str, Any]:
+def run(quick: bool, out: Path, long_tail: bool = False) -> dict[str, Any]:
     duration = 4.0 if quick else 10.0
     connections = [1, 8, 32, 64]
     work = Path(tempfile.mkdtemp(prefix="heron-cluster-bench-"))
-    texts = build_workload(256 if quick else 1024).texts
+    texts = build_workload(256 if quick else 1024, **(LONG_TAIL if long_tail else {})).texts
     single = work / "single.txt"
     write_bodies(texts, single)
     result: dict[str, Any] = {"benchmark": "cluster_bench", "mode": "quick" if quick else "full",
-                              "cpu_count": os.cpu_count(), "duration_s": duration}
+                              "cpu_count": os.cpu_count(), "duration_s": duration,
+                              "workload": "8-256 tokens (LONG_TAIL)" if long_tail
+                              else "8-128 tokens"}
 
     log("MiniLM: direct worker vs gateway path")
     rows = []
     with local_cluster("default", work / "minilm") as (gateway, worker):
+        dtype = http("GET", f"{worker}/v1/models/minilm")[1].get("dtype")
         for path in (f"{worker}/v1/encode/minilm", f"{gateway}/v1/encode/minilm"):
             step(path, single, 8, 3.0)  # warm-up
         for c in connections:
@@ -104,6 +108,15 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
                 f"{cluster['throughput_rps']}/s (ratio {row['ratio']})")
             rows.append(row)
     result["minilm"] = rows
+    log(f"the raw-model ceiling ({dtype}), with the cluster stopped")
+    texts_file = work / "texts.json"
+    texts_file.write_text(json.dumps(texts))
+    ceiling = run_separately(texts_file, seconds=6.0 if quick else 20.0, dtype=dtype)
+    result["ceiling"] = {k: ceiling[k] for k in ("sentences_per_s", "dtype", "batch_size")}
+    for row in rows:
+        for side in ("direct", "cluster"):
+            row[f"{side}_to_ceiling"] = round(row[side]["throughput_rps"]
+                                              / ceiling["sentences_per_s"], 3)
 
     log("null model: Heron's own overhead")
     batch = work / "batch64.txt"
@@ -137,8 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--long-tail", action="store_true",
+                        help="8-256-token workload (median 32) instead of 8-128")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.quick, args.out), indent=2))
+    print(json.dumps(run(args.quick, args.out, args.long_tail), indent=2))
     return 0
 
 

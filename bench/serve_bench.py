@@ -28,9 +28,10 @@ from typing import Any
 
 import psutil
 
+from bench.ceiling import run_separately
 from bench.load import find_wrk, run_wrk, write_bodies
 from bench.server import Server, http, start_server
-from bench.texts import Workload, build_workload
+from bench.texts import LONG_TAIL, Workload, build_workload
 
 MODEL = "minilm"
 DEFAULT_OUT = Path(__file__).with_name("results")
@@ -51,6 +52,7 @@ class Settings:
     ceiling_s: float
     ceiling_batch: int
     threads: int  # torch threads for server and ceiling; 0: torch's default
+    long_tail: bool = False  # the 8-256-token workload (bench.texts.LONG_TAIL)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
@@ -66,6 +68,7 @@ class Settings:
             ceiling_s=6.0 if quick else 20.0,
             ceiling_batch=32,
             threads=args.threads or int(os.environ.get("HERON_THREADS", "0") or 0),
+            long_tail=args.long_tail,
         )
 
 
@@ -141,24 +144,19 @@ def load_steps(server: Server, bodies: Path, settings: Settings) -> list[dict[st
     return steps
 
 
-def run_ceiling(texts_file: Path, settings: Settings) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "bench.ceiling", str(texts_file), "--seconds",
-           f"{settings.ceiling_s:g}", "--batch-size", str(settings.ceiling_batch)]
-    if settings.threads:
-        cmd += ["--threads", str(settings.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                          timeout=settings.ceiling_s * 10 + 300,
-                          cwd=Path(__file__).resolve().parent.parent)
-    if proc.returncode != 0:
-        raise RuntimeError(f"ceiling run failed (exit {proc.returncode}):\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def run_ceiling(texts_file: Path, settings: Settings, dtype: str | None) -> dict[str, Any]:
+    """The raw model at the precision the server reported (``dtype``)."""
+    return run_separately(texts_file, seconds=settings.ceiling_s,
+                          batch_size=settings.ceiling_batch, dtype=dtype,
+                          threads=settings.threads)
 
 
 def run(settings: Settings, out: Path) -> dict[str, Any]:
     find_wrk()  # fail before any work if it is missing
     machine = machine_info()
     log(f"workload: {settings.n_texts} texts (seed {settings.seed})")
-    workload = build_workload(settings.n_texts, seed=settings.seed)
+    shape = LONG_TAIL if settings.long_tail else {}
+    workload = build_workload(settings.n_texts, seed=settings.seed, **shape)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="heron-bench-") as tmp:
         bodies, texts_file = Path(tmp) / "bodies.jsonl", Path(tmp) / "texts.json"
@@ -170,7 +168,7 @@ def run(settings: Settings, out: Path) -> dict[str, Any]:
             server_info = check_server(server, workload)
             steps = load_steps(server, bodies, settings)
         log("server stopped; measuring the raw-model ceiling")
-        ceiling = run_ceiling(texts_file, settings)
+        ceiling = run_ceiling(texts_file, settings, server_info.get("dtype"))
     log(f"ceiling: {ceiling['sentences_per_s']} sentences/s")
     machine.update(torch_version=ceiling["torch_version"], torch_threads=ceiling["torch_threads"],
                    loadavg_after=[round(x, 2) for x in os.getloadavg()])
@@ -183,8 +181,7 @@ def run(settings: Settings, out: Path) -> dict[str, Any]:
         "model": MODEL,
         "machine": machine,
         "workload": {**workload.stats(), "seed": settings.seed,
-                     "distribution": "log-normal target lengths, median 20 tokens, "
-                                     "clipped to [8, 128]"},
+                     "distribution": workload_text(settings)},
         "settings": {"duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
                      "wrk_threads": settings.wrk_threads, "items_per_request": 1,
                      "server_threads": settings.threads or "torch default",
@@ -194,6 +191,13 @@ def run(settings: Settings, out: Path) -> dict[str, Any]:
         "ceiling": ceiling,
         "ratio": {str(s["connections"]): s["ratio_to_ceiling"] for s in steps},
     }
+
+
+def workload_text(settings: Settings) -> str:
+    if settings.long_tail:
+        return (f"log-normal target lengths, median {LONG_TAIL['median_tokens']} tokens, "
+                f"sigma {LONG_TAIL['sigma']}, clipped to [8, {LONG_TAIL['max_tokens']}]")
+    return "log-normal target lengths, median 20 tokens, clipped to [8, 128]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=0.0, help="seconds per step")
     parser.add_argument("--texts", type=int, default=0, help="workload size")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--long-tail", action="store_true",
+                        help="8-256-token workload (median 32) instead of 8-128 (median 20)")
     parser.add_argument("--wrk-threads", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads for server and ceiling (0: torch's default)")
