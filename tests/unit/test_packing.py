@@ -73,3 +73,27 @@ def test_packed_lengths_round_up_to_few_shapes() -> None:
     for t in range(1, 8193):
         b = bucketed_length(t)
         assert t <= b <= max(t + 7, t * 1.125)
+
+
+def test_padding_of_a_long_packed_batch_stays_within_the_models_positions(
+        tiny_models: dict) -> None:
+    """Rounding 47 x 60 = 2820 real tokens up to 3072 pads by 252 tokens: more than this
+    model's 128 positions."""
+    import torch
+
+    from sdk.modelconfig import parse_model_config
+    from worker.adapters.dense import DenseAdapter
+
+    config = parse_model_config({
+        "id": "t/pack", "adapter": "dense", "source": {"path": str(tiny_models["tiny-dense-cls"])},
+        "profiles": {"default": {"max_sequence_length": 60}}})
+    adapter = DenseAdapter(config, config.profile)
+    adapter.load(tiny_models["tiny-dense-cls"], torch.device("cpu"), torch.float32)
+    assert adapter.packed
+    items = adapter.tokenize(["x " * 58] * 47)
+    assert {t.length for t in items} == {60}
+    with torch.inference_mode():
+        batch = adapter.collate(items)
+        assert batch.input_ids.shape[1] - 2820 > adapter.model.config.max_position_embeddings
+        vectors = adapter.postprocess(batch, adapter.forward(batch))
+    assert len(vectors) == 47

@@ -191,7 +191,8 @@ class Adapter(ABC):
                                  count=real)
         positions = np.arange(total, dtype=np.int64)
         positions[:real] -= np.repeat(starts, lengths)
-        positions[real:] -= real  # the padding segment counts from 0 too
+        # The padding segment may be longer than the model has positions: all position 0.
+        positions[real:] = 0
         types = None
         if items[0].token_type_ids is not None:
             types = np.zeros(total, dtype=np.int64)
