@@ -56,7 +56,7 @@ import psutil
 
 from bench.load import find_wrk, run_wrk
 from bench.serve_bench import machine_info
-from bench.server import HOST, REPO, free_port, http, start_server
+from bench.server import HOST, REPO, Server, free_port, http, start_server
 from bench.texts import LONG_TAIL, build_workload
 
 PEERS_DIR = Path(__file__).with_name("peers")
@@ -191,27 +191,12 @@ class Run:
 # -- peer processes ----------------------------------------------------------------------
 
 
-class PeerProcess:
-    """A peer server started in its own session; stopped by its PID and process group."""
+class PeerProcess(Server):
+    """A peer server started in its own session; stopped by its PID and process group.
+    Readiness is a real request (peers differ in their health routes)."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
-        self.proc = proc
-        self.port = port
-        self.log_path = log_path
-        self.url = f"http://{HOST}:{port}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def wait_ready(self, path: str, body: Any, timeout_s: float) -> None:
-        """Ready when a real request answers 200 (peers differ in their health routes)."""
+    def wait_until_answers(self, path: str, body: Any, timeout_s: float) -> None:
+        """Ready when a real request to ``path`` answers 200."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -229,7 +214,7 @@ class PeerProcess:
             return False
         return True
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 0.0) -> None:
         """Signals to the server's process group (the new session this process started it
         in; LitServe and mosec workers are children in it): SIGINT, as Ctrl-C would send,
         then SIGTERM, then SIGKILL. LitServe 0.2.19 stops on none but the last."""
@@ -298,7 +283,7 @@ def start_peer(run: Run, model: Path, batch_wait_ms: float, log_path: Path, read
                                 env=env)
     peer = PeerProcess(proc, port, log_path)
     try:
-        peer.wait_ready(target.path, ready_body, ready_timeout_s)
+        peer.wait_until_answers(target.path, ready_body, ready_timeout_s)
         yield peer
     finally:
         peer.stop()
