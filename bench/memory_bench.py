@@ -36,8 +36,6 @@ from bench.server import REPO, http, start_server
 from bench.texts import build_workload
 from sdk import Client, HeronError
 
-MODEL_BYTES = 90_900_000  # MiniLM's weights and buffers in fp32, measured by the worker
-
 
 def log(message: str) -> None:
     print(f"[memory_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr,
@@ -60,6 +58,9 @@ def rss_drift(out: Path, total_requests: int, warmup_requests: int) -> dict[str,
     samples: list[tuple[int, float]] = []  # (requests answered so far, RSS MB)
     with start_server(out / "memory_bench_serve.log") as server:
         proc = psutil.Process(server.pid)
+        # One model's weights at the precision served: what the rotation's budget is sized by.
+        model_bytes = int(metric(http("GET", f"{server.url}/metrics")[1],
+                                 "heron_worker_model_memory_bytes"))
         url = f"{server.url}/v1/encode/minilm"
         done = threading.Event()
 
@@ -83,6 +84,7 @@ def rss_drift(out: Path, total_requests: int, warmup_requests: int) -> dict[str,
     warm = next((mb for n, mb in samples if n >= warmup_requests), samples[-1][1])
     last = samples[-1][1]
     return {"requests": answered, "warmup_requests": warmup_requests,
+            "model_bytes": model_bytes,
             "rss_mb_first": round(first, 1), "rss_mb_after_warmup": round(warm, 1),
             "rss_mb_end": round(last, 1), "rss_mb_max": round(max(mb for _, mb in samples), 1),
             "warmup_growth_percent": round(100 * (warm - first) / first, 2),
@@ -92,7 +94,7 @@ def rss_drift(out: Path, total_requests: int, warmup_requests: int) -> dict[str,
             "samples": [[n, round(mb, 1)] for n, mb in samples]}
 
 
-def rotation(out: Path, rounds: int) -> dict[str, Any]:
+def rotation(out: Path, rounds: int, model_bytes: int) -> dict[str, Any]:
     models = {"rot/mean": "mean", "rot/cls": "cls", "rot/last": "last"}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -107,7 +109,7 @@ def rotation(out: Path, rounds: int) -> dict[str, Any]:
             names.append(name)
         (root / "rot.yaml").write_text(
             f"name: rot\nmodels: [{', '.join(names)}]\npreload: []\n")
-        budget = int(MODEL_BYTES * 2.5)
+        budget = int(model_bytes * 2.5)
         os.environ["HERON_MODEL_MEMORY_BUDGET"] = str(budget)
         try:
             with start_server(out / "memory_bench_rotation.log",
@@ -163,10 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", action="store_true")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"benchmark": "memory_bench",
-              "rss_drift": rss_drift(args.out, 10_000 if args.quick else 50_000,
-                                     4_000 if args.quick else 20_000),
-              "rotation": rotation(args.out, 10 if args.quick else 40)}
+    drift = rss_drift(args.out, 10_000 if args.quick else 50_000,
+                      4_000 if args.quick else 20_000)
+    report = {"benchmark": "memory_bench", "rss_drift": drift,
+              "rotation": rotation(args.out, 10 if args.quick else 40, drift["model_bytes"])}
     text = json.dumps(report)
     (args.out / "memory_bench.json").write_text(json.dumps(report, indent=2) + "\n")
     if args.plot:

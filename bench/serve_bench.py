@@ -37,7 +37,8 @@ MODEL = "minilm"
 DEFAULT_OUT = Path(__file__).with_name("results")
 # Per-step means of the worker's batch histograms: result key -> Prometheus histogram.
 BATCH_METRICS = {"mean_batch_items": "heron_worker_batch_items",
-                 "mean_padding_ratio": "heron_worker_batch_padding_ratio"}
+                 "mean_padding_ratio": "heron_worker_batch_padding_ratio",
+                 "mean_batch_inference_s": "heron_worker_batch_inference_seconds"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +136,9 @@ def load_steps(server: Server, bodies: Path, settings: Settings) -> list[dict[st
         for key, name in BATCH_METRICS.items():  # server-side batching, when exposed
             first, last = before[name], server.metric_sums(name)
             if first and last and last[1] > first[1]:
-                step[key] = round((last[0] - first[0]) / (last[1] - first[1]), 2)
+                step[key] = round((last[0] - first[0]) / (last[1] - first[1]), 4)
+                if key == "mean_batch_inference_s":  # share of wall time in forward passes
+                    step["inference_busy"] = round((last[0] - first[0]) / result.duration_s, 3)
         (server.log_path.parent / f"wrk_c{connections}.txt").write_text(result.output)
         log(f"c={connections}: {step['throughput_rps']} req/s, p50 "
             f"{step['latency_ms']['p50']} ms, p99 {step['latency_ms']['p99']} ms, "

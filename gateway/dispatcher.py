@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ from gateway.slicing import Slice, encode_slices, plan_slices
 from sdk import wire
 from sdk.cluster import reply_subject, work_headers, work_subject
 from sdk.errors import ErrorCode, HeronError
+from sdk.ids import new_request_id
 from sdk.types import Item
 
 log = logging.getLogger("heron.gateway.dispatch")
@@ -91,7 +91,7 @@ class Dispatcher:
         encoded = encode_slices(work.wire_body, slices, max_payload)
         self._check_backlog(work.pool, len(work.items))
 
-        request_id = uuid.uuid4().hex
+        request_id = new_request_id()
         reply = reply_subject(self.gateway_id, request_id)
         deadline = time.time() + work.timeout_s
         pending = _Pending(Reassembly(request_id, [s for s, _ in encoded],

@@ -56,6 +56,7 @@ from sdk.cluster import (
     token,
 )
 from sdk.errors import ErrorCode, HeronError
+from sdk.ids import new_request_id
 from sdk.openai_compat import embeddings_response, parse_embeddings_request
 from sdk.server import (
     CLIENT_CLOSED_STATUS,
@@ -201,7 +202,7 @@ class GatewayApp:
         phases = {k: timings[k] for k in ("tokenize", "queue", "inference") if k in timings}
         phases["total"] = time.monotonic() - started
         return {"Server-Timing": ", ".join(f"{k};dur={v * 1000:.2f}" for k, v in phases.items()),
-                "X-Request-Id": request.headers.get("x-request-id") or uuid.uuid4().hex}
+                "X-Request-Id": request.headers.get("x-request-id") or new_request_id()}
 
     def _route(self, request: Request, model: str, task: str) -> ModelRoute:
         """model -> bundle -> pool, or the pool the request names in X-Heron-Pool."""

@@ -15,6 +15,9 @@ os.environ.setdefault("HERON_PRECISION", "fp32")
 # The shared servers must not evict their models because the machine is busy with other
 # tests' processes; eviction has its own tests with explicit budgets.
 os.environ.setdefault("HERON_MEMORY_THRESHOLD_PERCENT", "99")
+# One process per `heron serve` (the default on CPU is one per core): tests look at one
+# process's state; tests/integration/test_serve_workers.py covers several.
+os.environ.setdefault("HERON_WORKERS", "1")
 
 import shutil
 import time

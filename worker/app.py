@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from starlette.routing import Route
 
 from sdk import wire
 from sdk.errors import HeronError
+from sdk.ids import new_request_id
 from sdk.modelconfig import Bundle, ModelConfig
 from sdk.openai_compat import embeddings_response, parse_embeddings_request
 from sdk.server import (
@@ -35,7 +35,7 @@ from sdk.server import (
 )
 from sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
 from worker.cluster import WorkerCluster
-from worker.metrics import WorkerMetrics
+from worker.metrics import WorkerMetrics, mark_process_dead, multiprocess_dir
 from worker.registry import LoadState, ModelEntry, ModelRegistry
 from worker.service import InferenceService, Outcome
 
@@ -71,8 +71,11 @@ class WorkerApp:
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         # Load in the background: /healthz answers at once, /readyz once models are warm.
-        self._load_task = asyncio.get_running_loop().create_task(self.registry.load_all())
+        loop = asyncio.get_running_loop()
+        self._load_task = loop.create_task(self.registry.load_all())
         self.registry.start_memory_watch()
+        # With several processes, a scrape reaches one: the others publish their gauges.
+        gauges = loop.create_task(self._publish_gauges()) if multiprocess_dir() else None
         if self.queue is not None:
             self.cluster = WorkerCluster(self.queue, self.registry, self.service)
             await self.cluster.start(self._load_task)
@@ -82,7 +85,10 @@ class WorkerApp:
             if self.cluster is not None:
                 await self.cluster.stop()  # drain: finish and ack what it holds
             self._load_task.cancel()
+            if gauges is not None:
+                gauges.cancel()
             await self.registry.close()
+            mark_process_dead()
 
     @property
     def ready(self) -> bool:
@@ -121,7 +127,7 @@ class WorkerApp:
         for phase in ("tokenize", "queue", "inference"):
             self.metrics.phase.labels(phase, outcome.model).observe(getattr(t, phase))
         return {"Server-Timing": t.server_timing(),
-                "X-Request-Id": request.headers.get("x-request-id") or uuid.uuid4().hex}
+                "X-Request-Id": request.headers.get("x-request-id") or new_request_id()}
 
     async def encode(self, request: Request) -> Response:
         model = request.path_params["model"]
@@ -200,13 +206,21 @@ class WorkerApp:
         return JSONResponse(body, status_code=200 if ready else 503,
                             headers=None if ready else {"Retry-After": "2"})
 
-    async def metrics_endpoint(self, request: Request) -> Response:
+    def _set_gauges(self) -> None:
         self.metrics.models_loaded.set(sum(e.state is LoadState.READY
                                            for e in self.registry.entries()))
         self.metrics.resident_bytes.set(self.registry.resident_bytes())
         for e in self.registry.entries():
             if e.runner is not None:
                 self.metrics.queue_depth.labels(e.config.id).set(len(e.runner.batcher))
+
+    async def _publish_gauges(self) -> None:
+        while True:
+            self._set_gauges()
+            await asyncio.sleep(1.0)
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        self._set_gauges()
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     def build(self) -> Starlette:

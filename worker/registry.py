@@ -302,6 +302,8 @@ class ModelRegistry:
             self.precision_override or profile.precision, device)
         adapter = ADAPTERS[config.adapter](config, profile)
         adapter.load(path, device, weights_dtype)
+        if autocast_dtype is not None:
+            adapter.store_matmul_weights(autocast_dtype)
         model_id = config.id
 
         def on_batch(stats: BatchStats) -> None:

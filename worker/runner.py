@@ -21,6 +21,7 @@ import torch
 from sdk.errors import ErrorCode, HeronError
 from worker.adapters import Adapter, TextInput, Tokenized
 from worker.batcher import TokenBudgetBatcher, WorkItem
+from worker.memory import HeapTrimmer
 
 log = logging.getLogger("heron.worker.runner")
 
@@ -62,6 +63,7 @@ class ModelRunner:
             1, thread_name_prefix=f"infer-{adapter.name}")
         self._autocast_dtype = autocast_dtype
         self._on_batch = on_batch
+        self._trimmer = HeapTrimmer()
         self._task: asyncio.Task | None = None
         self.in_flight = 0
 
@@ -162,4 +164,6 @@ class ModelRunner:
             else:
                 output = adapter.forward(batch)
             values = adapter.postprocess(batch, output)
-        return values, started, time.monotonic()
+        ended = time.monotonic()
+        self._trimmer.maybe_trim(ended)  # on this thread: between batches, off the loop
+        return values, started, ended

@@ -97,3 +97,35 @@ def test_padding_of_a_long_packed_batch_stays_within_the_models_positions(
         assert batch.input_ids.shape[1] - 2820 > adapter.model.config.max_position_embeddings
         vectors = adapter.postprocess(batch, adapter.forward(batch))
     assert len(vectors) == 47
+
+
+def test_attention_groups_cover_each_token_once_with_similar_lengths() -> None:
+    from worker.adapters.packing import GROUP_LENGTH_RATIO, attention_groups
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 257, size=64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    segments = [(int(s), int(s + n)) for s, n in zip(starts, lengths, strict=True)]
+    groups = attention_groups(segments, torch.device("cpu"))
+    assert 1 < len(groups) < len(segments)  # fewer attention calls than items
+    rows = np.concatenate([g.rows.numpy() for g in groups])
+    assert sorted(rows.tolist()) == list(range(int(lengths.sum())))  # every token, once
+    for g in groups:
+        gathered = g.gather.numpy().reshape(g.items, g.length)
+        real = gathered if g.valid is None else gathered.reshape(-1)[g.valid.numpy()]
+        assert np.array_equal(np.sort(real.reshape(-1)), np.sort(g.rows.numpy()))
+        item_lengths = (g.mask.view(g.items, g.length).sum(1).numpy() if g.mask is not None
+                        else np.full(g.items, g.length))
+        assert item_lengths.max() == g.length
+        assert item_lengths.min() >= GROUP_LENGTH_RATIO * g.length
+
+
+def test_many_mixed_lengths_packed_equal_each_text_alone() -> None:
+    """Items grouped for attention (padded to their group's longest and masked) get the
+    vectors they get alone."""
+    adapter = load("mean", "auto")
+    texts = [" ".join(["word"] * n) for n in (1, 2, 3, 5, 8, 9, 13, 20, 21, 34, 40, 55, 89,
+                                               100, 120)]
+    together = embed(adapter, texts)
+    alone = np.stack([embed(adapter, [t])[0] for t in texts])
+    np.testing.assert_allclose(together, alone, atol=1e-5)

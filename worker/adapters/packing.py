@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -31,7 +32,7 @@ def bucketed_length(total: int) -> int:
     Every distinct sequence shape makes oneDNN build and cache its kernels (bf16 matmuls go
     through it): packed batches of any length made a worker's RSS climb from 0.7 to 1.75
     GB before the cache filled. Rounded lengths keep the shapes to about a hundred, and the
-    RSS flat. The extra tokens are a padding segment of their own."""
+    RSS flat. The extra tokens attend to nothing and are never pooled."""
     step = max(8, 1 << max(0, total.bit_length() - 4))
     return -(-total // step) * step
 # Families whose position ids are plain 0..n-1 per sequence and whose attention goes
@@ -39,16 +40,79 @@ def bucketed_length(total: int) -> int:
 PACKABLE_MODEL_TYPES = frozenset({"bert"})
 
 
+# Items in one attention call may differ in length by at most this factor; the shorter
+# ones are padded to the group's longest and masked. One call per item costs ~50 us of
+# fixed overhead per item and layer; one call per group of similar lengths saved 3-5% of
+# MiniLM's forward time on mixed 8-256-token batches (and most of the Python-level ops, so
+# the inference thread needs the GIL less often while the event loop serves HTTP).
+GROUP_LENGTH_RATIO = 0.7
+
+
+@dataclass(slots=True)
+class AttentionGroup:
+    """Items of similar length, attended together as a padded [g, heads, length, dim]."""
+
+    items: int
+    length: int
+    gather: torch.Tensor  # [items * length]: rows of the packed sequence, padding repeats
+    mask: torch.Tensor | None  # [items, 1, 1, length] key mask; None when all are full
+    valid: torch.Tensor | None  # rows of the padded output that are real tokens
+    rows: torch.Tensor  # [real tokens of the group]: where they go in the packed output
+
+
+def attention_groups(segments: list[tuple[int, int]],
+                     device: torch.device) -> list[AttentionGroup]:
+    """Group the segments by length (longest first) so that a group's shortest item is
+    at least GROUP_LENGTH_RATIO of its longest."""
+    order = sorted(range(len(segments)), key=lambda i: segments[i][0] - segments[i][1])
+    runs: list[list[int]] = []
+    for i in order:
+        n = segments[i][1] - segments[i][0]
+        if not runs or n < GROUP_LENGTH_RATIO * (segments[runs[-1][0]][1]
+                                                  - segments[runs[-1][0]][0]):
+            runs.append([])
+        runs[-1].append(i)
+    groups = []
+    for run in runs:
+        spans = [segments[i] for i in run]
+        length = spans[0][1] - spans[0][0]
+        gather = np.concatenate([np.r_[np.arange(s, e), np.full(length - (e - s), s)]
+                                 for s, e in spans])
+        rows = np.concatenate([np.arange(s, e) for s, e in spans])
+        full = len(rows) == len(gather)
+        mask = valid = None
+        if not full:
+            lengths = np.array([e - s for s, e in spans])
+            keep = np.arange(length)[None, :] < lengths[:, None]  # [items, length]
+            mask = torch.from_numpy(keep).view(len(spans), 1, 1, length).to(device)
+            valid = torch.from_numpy(np.flatnonzero(keep)).to(device)
+        groups.append(AttentionGroup(items=len(spans), length=length,
+                                     gather=torch.from_numpy(gather).to(device),
+                                     mask=mask, valid=valid,
+                                     rows=torch.from_numpy(rows).to(device)))
+    return groups
+
+
 def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                      value: torch.Tensor, attention_mask: torch.Tensor | None,
                      scaling: float | None = None, dropout: float = 0.0,
                      **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Attention within each item of a packed [1, heads, T, dim] batch."""
-    segments: list[tuple[int, int]] = kwargs["heron_segments"]
-    outs = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e],
-                                           value[:, :, s:e], scale=scaling)
-            for s, e in segments]
-    return torch.cat(outs, dim=2).transpose(1, 2), None
+    """Attention within each item of a packed [1, heads, T, dim] batch; returns the
+    [1, T, heads, dim] layout transformers expects. Rows no item owns (the padding up to
+    a bucketed length) come out as zeros."""
+    groups: list[AttentionGroup] = kwargs["heron_attention_groups"]
+    _, heads, total, dim = query.shape
+    q, k, v = (x.transpose(1, 2)[0] for x in (query, key, value))  # [T, heads, dim]
+    out = query.new_zeros(total, heads * dim)
+    for g in groups:
+        qg, kg, vg = (x.index_select(0, g.gather).view(g.items, g.length, heads, dim)
+                      .transpose(1, 2) for x in (q, k, v))
+        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, scale=scaling)
+        o = o.transpose(1, 2).reshape(g.items * g.length, heads * dim)
+        if g.valid is not None:
+            o = o.index_select(0, g.valid)
+        out.index_copy_(0, g.rows, o)
+    return out.view(1, total, heads, dim), None
 
 
 AttentionInterface.register(ATTENTION_NAME, packed_attention)
@@ -65,13 +129,13 @@ def enable(model: torch.nn.Module) -> None:
 
 @dataclass(slots=True)
 class Packing:
-    """Where each item lies in the packed sequence (its real tokens come first; the
-    padding up to ``bucketed_length`` is a segment of its own after them)."""
+    """Where each item lies in the packed sequence (its real tokens come first, then the
+    padding up to ``bucketed_length``, which attends to nothing)."""
 
     segments: list[tuple[int, int]]  # the items'
     starts: torch.Tensor  # [B]
     segment_ids: torch.Tensor  # [T real]: which item each real token belongs to
-    attention_segments: list[tuple[int, int]]  # the items' and the padding's
+    attention: list[AttentionGroup]  # computed once per batch, used by every layer
 
     def mean(self, hidden: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Per-item mean of [T, H] token states -> [B, H]."""

@@ -1,0 +1,78 @@
+"""`heron serve --workers N`: N processes behind one port, one set of metrics."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+import yaml
+
+from heron.cli import serve_processes, usable_cpus
+from tests.servers import start_serve
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if re.match(rf"{re.escape(name)}[{{ ]", line) and all(
+                f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_process_count() -> None:
+    assert serve_processes("3", "cpu") == 3
+    assert serve_processes("auto", "cpu") == min(usable_cpus(), 4)
+    assert serve_processes("auto", "cuda") == 1
+    for bad in ("0", "-1", "many"):
+        with pytest.raises(SystemExit, match="--workers"):
+            serve_processes(bad, "cpu")
+
+
+def test_two_processes_serve_one_port_and_report_all_requests(
+        tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny.yaml").write_text(yaml.safe_dump({
+        "id": "t/tiny", "adapter": "dense",
+        "source": {"path": str(tiny_models["tiny-dense-cls"])}}))
+    (tmp_path / "b.yaml").write_text("name: b\nmodels: [tiny.yaml]\n")
+    server = start_serve(tmp_path / "b.yaml", tmp_path, extra_args=["--workers", "2"])
+    parent = psutil.Process(server.proc.pid)
+    try:
+        servers = [p for p in parent.children(recursive=True)
+                   if "spawn_main" in " ".join(p.cmdline())]
+        assert len(servers) == 2
+        # start_serve saw one process ready; wait until fresh connections find no other.
+        ready_in_a_row, deadline = 0, time.monotonic() + 60
+        while ready_in_a_row < 10 and time.monotonic() < deadline:
+            ok = httpx.get(server.url + "/readyz", headers={"Connection": "close"})
+            ready_in_a_row = ready_in_a_row + 1 if ok.status_code == 200 else 0
+            time.sleep(0.05)
+        vectors, served = [], 40
+        for _ in range(served):  # a new connection each time: either process may answer
+            r = httpx.post(server.url + "/v1/encode/t/tiny", json={"items": ["same text"]},
+                           headers={"Connection": "close"}, timeout=30)
+            assert r.status_code == 200, r.text
+            vectors.append(r.json()["items"][0]["dense"])
+        np.testing.assert_allclose(np.array(vectors), np.array(vectors[:1] * served),
+                                   atol=1e-6)
+        # Both answered some: a process's counter file appears with its first request.
+        metrics_dir = Path(servers[0].environ()["PROMETHEUS_MULTIPROC_DIR"])
+        assert {f"counter_{p.pid}.db" for p in servers} <= {
+            f.name for f in metrics_dir.iterdir()}
+        # Whichever process answers the scrape, it reports both processes' requests.
+        for _ in range(6):
+            text = httpx.get(server.url + "/metrics", headers={"Connection": "close"}).text
+            assert metric(text, "heron_worker_requests_total", route="encode",
+                          status="200") == served
+            assert metric(text, "heron_worker_items_total") == served
+            assert metric(text, "heron_worker_models_loaded") == 1
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0
+    assert not [p for p in servers if p.is_running() and p.status() != "zombie"]
