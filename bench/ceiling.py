@@ -87,19 +87,53 @@ def measure(texts: list[str], *, seconds: float, batch_size: int, min_passes: in
 
 
 def run_separately(texts_file: Path, *, seconds: float, batch_size: int = 32,
-                   dtype: str | None = None, threads: int = 0) -> dict[str, Any]:
+                   dtype: str | None = None, threads: int = 0,
+                   processes: int = 1) -> dict[str, Any]:
     """This module in its own process (the server must be stopped first), at the precision
-    a server reported as its ``dtype`` (``bfloat16`` -> bf16 autocast)."""
+    a server reported as its ``dtype`` (``bfloat16`` -> bf16 autocast).
+
+    ``processes`` > 1 runs that many at once, ``threads`` each, the way ``heron serve
+    --workers`` splits the CPU; the result's ``sentences_per_s`` is their sum."""
     cmd = [sys.executable, "-m", "bench.ceiling", str(texts_file), "--seconds", f"{seconds:g}",
            "--batch-size", str(batch_size),
            "--precision", "bf16" if dtype == "bfloat16" else "fp32"]
     if threads:
         cmd += ["--threads", str(threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                          timeout=seconds * 10 + 300, cwd=Path(__file__).resolve().parent.parent)
-    if proc.returncode != 0:
-        raise RuntimeError(f"ceiling run failed (exit {proc.returncode}):\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parent.parent)
+             for _ in range(processes)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=seconds * 10 + 300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ceiling run failed (exit {proc.returncode}):\n{err}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    if processes == 1:
+        return results[0]
+    combined = dict(results[0])
+    for key in ("sentences_per_s", "sentences_per_s_median", "forward_only_per_s"):
+        combined[key] = round(sum(r[key] for r in results), 1)
+    combined.update(processes=processes, per_process=[r["sentences_per_s"] for r in results])
+    return combined
+
+
+def best_ceiling(texts_file: Path, *, seconds: float, dtype: str | None,
+                 processes: int = 1, threads: int = 0, batch_size: int = 32,
+                 log: Any = None) -> dict[str, Any]:
+    """The ceiling for a server of ``processes`` x ``threads``: the raw model in one process
+    with all threads, and, for several server processes, the same layout of raw-model
+    processes at once. The better of the two is the ceiling; both are reported."""
+    single = run_separately(texts_file, seconds=seconds, batch_size=batch_size, dtype=dtype,
+                            threads=0 if processes > 1 else threads)
+    if processes == 1:
+        return single
+    if log is not None:
+        log(f"ceiling in the server's layout: {processes} processes x {threads} threads")
+    layout = run_separately(texts_file, seconds=seconds, batch_size=batch_size, dtype=dtype,
+                            threads=threads, processes=processes)
+    best = max((single, layout), key=lambda c: c["sentences_per_s"])
+    return {**best, "one_process": single["sentences_per_s"],
+            "server_layout": layout["sentences_per_s"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,9 +3,11 @@ worker served directly, and Heron's own overhead with the null model.
 
     python -m bench.cluster_bench [--quick] [--out DIR]
 
-1. ``heron up`` (one worker, default bundle, MiniLM) on free loopback ports. wrk drives the
-   worker's own HTTP API (direct) and the gateway (cluster path) with the same single-text
-   requests at 1, 8, 32 and 64 connections; the ratio is cluster / direct throughput.
+1. ``heron up`` (default bundle, MiniLM) on free loopback ports, with ``--workers`` worker
+   processes (default: as many as ``heron serve --workers auto`` runs, the CPUs split
+   between them). wrk drives the gateway (cluster path) with single-text requests at 1, 8,
+   32 and 64 connections, against the raw-model ceiling in the same layout. With one
+   worker, it also drives that worker's own HTTP API (direct) and reports cluster / direct.
 2. ``heron up --bundle null`` (no model compute): items/s through the cluster path with
    64-item requests, and the latency the cluster path adds at one connection.
 Prints one JSON document and writes DIR/cluster_bench.json (DIR: bench/results/).
@@ -27,10 +29,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.ceiling import run_separately
+from bench.ceiling import best_ceiling
 from bench.load import run_wrk, write_bodies
 from bench.server import REPO, free_port, http
 from bench.texts import LONG_TAIL, build_workload
+from heron.cli import serve_processes, usable_cpus
 
 
 def log(message: str) -> None:
@@ -39,8 +42,10 @@ def log(message: str) -> None:
 
 
 @contextlib.contextmanager
-def local_cluster(bundle: str, data_dir: Path) -> Iterator[tuple[str, str]]:
-    """(gateway URL, worker URL) of a ready ``heron up`` with one worker."""
+def local_cluster(bundle: str, data_dir: Path, workers: int = 1,
+                  threads: int = 0) -> Iterator[tuple[str, str]]:
+    """(gateway URL, a worker's URL) of a ready ``heron up`` with ``workers`` workers of
+    ``threads`` torch threads each (0: torch's default)."""
     port, nats_port = free_port(), free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "up.log"
@@ -48,8 +53,9 @@ def local_cluster(bundle: str, data_dir: Path) -> Iterator[tuple[str, str]]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "heron.cli", "up", "--port", str(port), "--nats-port",
              str(nats_port), "--config-port", "0", "--data-dir", str(data_dir), "--bundle",
-             bundle, "--workers", "1"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ})
+             bundle, "--workers", str(workers), "--min-workers", str(workers)],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+            env={**os.environ, **({"HERON_THREADS": str(threads)} if threads else {})})
     gateway = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -57,11 +63,12 @@ def local_cluster(bundle: str, data_dir: Path) -> Iterator[tuple[str, str]]:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(log_path.read_text())
-            found = re.search(r"worker \S+ starting \((http://[^)]+)\)", log_path.read_text())
-            worker = found.group(1) if found else None
+            found = re.findall(r"worker \S+ starting \((http://[^)]+)\)", log_path.read_text())
+            worker = found[0] if found else None
             with contextlib.suppress(OSError):
-                if worker and http("GET", f"{gateway}/readyz", timeout=2)[0] == 200 and \
-                        http("GET", f"{worker}/readyz", timeout=2)[0] == 200:
+                if len(found) >= workers and http("GET", f"{gateway}/readyz",
+                                                  timeout=2)[0] == 200 and all(
+                        http("GET", f"{w}/readyz", timeout=2)[0] == 200 for w in found):
                     break
             time.sleep(0.5)
         else:
@@ -80,7 +87,7 @@ def step(url: str, bodies: Path, connections: int, duration_s: float) -> dict[st
     return run_wrk(url, bodies, connections=connections, duration_s=duration_s).summary()
 
 
-def run(quick: bool, out: Path, long_tail: bool = False) -> dict[str, Any]:
+def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1) -> dict[str, Any]:
     duration = 4.0 if quick else 10.0
     connections = [1, 8, 32, 64]
     work = Path(tempfile.mkdtemp(prefix="heron-cluster-bench-"))
@@ -91,32 +98,41 @@ def run(quick: bool, out: Path, long_tail: bool = False) -> dict[str, Any]:
                               "cpu_count": os.cpu_count(), "duration_s": duration,
                               "workload": "8-256 tokens (LONG_TAIL)" if long_tail
                               else "8-128 tokens"}
+    threads = 0 if workers == 1 else max(1, usable_cpus() // workers)
+    result.update(workers=workers, threads_per_worker=threads or "torch default")
 
-    log("MiniLM: direct worker vs gateway path")
+    log(f"MiniLM: {workers} worker(s); gateway path" + (" and direct" if workers == 1 else ""))
     rows = []
-    with local_cluster("default", work / "minilm") as (gateway, worker):
+    with local_cluster("default", work / "minilm", workers, threads) as (gateway, worker):
         dtype = http("GET", f"{worker}/v1/models/minilm")[1].get("dtype")
-        for path in (f"{worker}/v1/encode/minilm", f"{gateway}/v1/encode/minilm"):
+        sides = {"cluster": f"{gateway}/v1/encode/minilm"}
+        if workers == 1:
+            sides["direct"] = f"{worker}/v1/encode/minilm"
+        for path in sides.values():
             step(path, single, 8, 3.0)  # warm-up
         for c in connections:
-            direct = step(f"{worker}/v1/encode/minilm", single, c, duration)
-            cluster = step(f"{gateway}/v1/encode/minilm", single, c, duration)
-            row = {"connections": c, "direct": direct, "cluster": cluster,
-                   "ratio": round(cluster["throughput_rps"] /
-                                  max(direct["throughput_rps"], 1e-9), 3)}
-            log(f"c={c}: direct {direct['throughput_rps']}/s, cluster "
-                f"{cluster['throughput_rps']}/s (ratio {row['ratio']})")
+            row: dict[str, Any] = {"connections": c}
+            row.update({side: step(url, single, c, duration) for side, url in sides.items()})
+            if "direct" in row:
+                row["ratio"] = round(row["cluster"]["throughput_rps"]
+                                     / max(row["direct"]["throughput_rps"], 1e-9), 3)
+            log(f"c={c}: " + ", ".join(f"{side} {row[side]['throughput_rps']}/s"
+                                        for side in sides))
             rows.append(row)
     result["minilm"] = rows
     log(f"the raw-model ceiling ({dtype}), with the cluster stopped")
     texts_file = work / "texts.json"
     texts_file.write_text(json.dumps(texts))
-    ceiling = run_separately(texts_file, seconds=6.0 if quick else 20.0, dtype=dtype)
-    result["ceiling"] = {k: ceiling[k] for k in ("sentences_per_s", "dtype", "batch_size")}
+    ceiling = best_ceiling(texts_file, seconds=6.0 if quick else 20.0, dtype=dtype,
+                           processes=workers, threads=threads, log=log)
+    result["ceiling"] = {k: ceiling[k] for k in ("sentences_per_s", "dtype", "batch_size",
+                                                 "one_process", "server_layout")
+                         if k in ceiling}
     for row in rows:
         for side in ("direct", "cluster"):
-            row[f"{side}_to_ceiling"] = round(row[side]["throughput_rps"]
-                                              / ceiling["sentences_per_s"], 3)
+            if side in row:
+                row[f"{side}_to_ceiling"] = round(row[side]["throughput_rps"]
+                                                  / ceiling["sentences_per_s"], 3)
 
     log("null model: Heron's own overhead")
     batch = work / "batch64.txt"
@@ -152,8 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--long-tail", action="store_true",
                         help="8-256-token workload (median 32) instead of 8-128")
+    parser.add_argument("--workers", default="auto",
+                        help="worker processes (auto: as many as heron serve --workers auto)")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.quick, args.out, args.long_tail), indent=2))
+    workers = serve_processes(args.workers, "auto")
+    print(json.dumps(run(args.quick, args.out, args.long_tail, workers), indent=2))
     return 0
 
 

@@ -2,6 +2,8 @@
 
     python -m bench.memory_bench [--quick] [--out DIR]
 
+Both parts run ``heron serve --workers 1``: the RSS and the budget are a worker process's.
+
 1. ``heron serve`` (default bundle, MiniLM, default precision) under wrk at 64 connections:
    20,000 warm-up requests, then 50,000 measured (``--quick``: 4,000 and 10,000). The
    server's RSS is sampled every 2 s. Drift = the last sample against the first measured
@@ -56,7 +58,7 @@ def rss_drift(out: Path, total_requests: int, warmup_requests: int) -> dict[str,
     bodies = out / "memory_bench_bodies.txt"
     write_bodies(texts, bodies)
     samples: list[tuple[int, float]] = []  # (requests answered so far, RSS MB)
-    with start_server(out / "memory_bench_serve.log") as server:
+    with start_server(out / "memory_bench_serve.log", workers="1") as server:
         proc = psutil.Process(server.pid)
         # One model's weights at the precision served: what the rotation's budget is sized by.
         model_bytes = int(metric(http("GET", f"{server.url}/metrics")[1],
@@ -112,7 +114,7 @@ def rotation(out: Path, rounds: int, model_bytes: int) -> dict[str, Any]:
         budget = int(model_bytes * 2.5)
         os.environ["HERON_MODEL_MEMORY_BUDGET"] = str(budget)
         try:
-            with start_server(out / "memory_bench_rotation.log",
+            with start_server(out / "memory_bench_rotation.log", workers="1",
                               bundle=str(root / "rot.yaml")) as server:
                 errors, calls, started = 0, 0, time.monotonic()
                 with Client(server.url, timeout=60) as client:

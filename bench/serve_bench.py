@@ -28,10 +28,11 @@ from typing import Any
 
 import psutil
 
-from bench.ceiling import run_separately
+from bench.ceiling import best_ceiling
 from bench.load import find_wrk, run_wrk, write_bodies
 from bench.server import Server, http, start_server
 from bench.texts import LONG_TAIL, Workload, build_workload
+from heron.cli import serve_processes, usable_cpus
 
 MODEL = "minilm"
 DEFAULT_OUT = Path(__file__).with_name("results")
@@ -54,6 +55,15 @@ class Settings:
     ceiling_batch: int
     threads: int  # torch threads for server and ceiling; 0: torch's default
     long_tail: bool = False  # the 8-256-token workload (bench.texts.LONG_TAIL)
+    workers: str = "auto"  # heron serve --workers
+
+    @property
+    def layout(self) -> tuple[int, int]:
+        """(server processes, torch threads each; 0: torch's default)."""
+        processes = serve_processes(self.workers, "auto")
+        if processes == 1:
+            return 1, self.threads
+        return processes, self.threads or max(1, usable_cpus() // processes)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:
@@ -70,6 +80,7 @@ class Settings:
             ceiling_batch=32,
             threads=args.threads or int(os.environ.get("HERON_THREADS", "0") or 0),
             long_tail=args.long_tail,
+            workers=args.workers,
         )
 
 
@@ -114,8 +125,15 @@ def check_server(server: Server, workload: Workload) -> dict[str, Any]:
 
 
 def _cpu_s(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return times.user + times.system
+    """CPU seconds of the server: its process and, with --workers, the ones it started."""
+    total = 0.0
+    for p in (proc, *proc.children(recursive=True)):
+        try:
+            times = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def load_steps(server: Server, bodies: Path, settings: Settings) -> list[dict[str, Any]]:
@@ -148,10 +166,11 @@ def load_steps(server: Server, bodies: Path, settings: Settings) -> list[dict[st
 
 
 def run_ceiling(texts_file: Path, settings: Settings, dtype: str | None) -> dict[str, Any]:
-    """The raw model at the precision the server reported (``dtype``)."""
-    return run_separately(texts_file, seconds=settings.ceiling_s,
-                          batch_size=settings.ceiling_batch, dtype=dtype,
-                          threads=settings.threads)
+    """The raw model at the precision the server reported (``dtype``), in its layout."""
+    processes, threads = settings.layout
+    return best_ceiling(texts_file, seconds=settings.ceiling_s, dtype=dtype,
+                        processes=processes, threads=threads,
+                        batch_size=settings.ceiling_batch, log=log)
 
 
 def run(settings: Settings, out: Path) -> dict[str, Any]:
@@ -166,7 +185,8 @@ def run(settings: Settings, out: Path) -> dict[str, Any]:
         write_bodies(workload.texts, bodies)
         texts_file.write_text(json.dumps(workload.texts))
         log("starting heron serve")
-        with start_server(out / "server.log", threads=settings.threads) as server:
+        with start_server(out / "server.log", threads=settings.threads,
+                          workers=settings.workers) as server:
             log(f"server pid {server.pid} ready on {server.url}")
             server_info = check_server(server, workload)
             steps = load_steps(server, bodies, settings)
@@ -188,6 +208,8 @@ def run(settings: Settings, out: Path) -> dict[str, Any]:
         "settings": {"duration_s": settings.duration_s, "warmup_s": settings.warmup_s,
                      "wrk_threads": settings.wrk_threads, "items_per_request": 1,
                      "server_threads": settings.threads or "torch default",
+                     "server_processes": settings.layout[0],
+                     "threads_per_process": settings.layout[1] or "torch default",
                      "ceiling_batch_size": settings.ceiling_batch},
         "server": server_info,
         "concurrency": steps,
@@ -216,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-tail", action="store_true",
                         help="8-256-token workload (median 32) instead of 8-128 (median 20)")
     parser.add_argument("--wrk-threads", type=int, default=1)
+    parser.add_argument("--workers", default="auto",
+                        help="heron serve --workers (auto: as shipped)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads for server and ceiling (0: torch's default)")
     args = parser.parse_args(argv)

@@ -105,11 +105,12 @@ class Server:
 
 @contextlib.contextmanager
 def start_server(log_path: Path, *, bundle: str = "default", threads: int = 0,
-                 ready_timeout_s: float = 300.0) -> Iterator[Server]:
-    """``heron serve`` on a free 127.0.0.1 port, ready (warm) on entry, stopped on exit."""
+                 workers: str = "auto", ready_timeout_s: float = 300.0) -> Iterator[Server]:
+    """``heron serve`` on a free 127.0.0.1 port, ready (warm) on entry, stopped on exit.
+    ``workers``: its ``--workers`` (auto, as shipped: one process per CPU up to 4)."""
     port = free_port()
     cmd = [*heron_command(), "serve", "--host", HOST, "--port", str(port), "--bundle", bundle,
-           "--log-level", "warning"]
+           "--log-level", "warning", "--workers", str(workers)]
     if threads:
         cmd += ["--threads", str(threads)]
     log_path.parent.mkdir(parents=True, exist_ok=True)
