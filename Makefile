@@ -37,7 +37,7 @@ venv-test: $(VENV)/.test
 up: venv
 	$(BIN)/heron up --host $(HOST) --port $(PORT)
 
-# One process, no NATS: the single-node server.
+# No NATS: the single-node server (one process per CPU on CPU, see docs/operations.md).
 serve: venv
 	$(BIN)/heron serve --host $(HOST) --port $(PORT)
 
