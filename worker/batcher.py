@@ -27,8 +27,19 @@ import numpy as np
 from sdk.errors import ErrorCode, HeronError
 
 # Waiting this long raises an item one priority level (0 is the highest): under a flood of
-# priority-0 work a priority-1 item still runs within about this much extra time.
-PRIORITY_AGING_S = 1.0
+# priority-0 work a priority-1 item still runs within about this much extra time. At 1 s,
+# saturated priority-1 work (waiting about a second anyway) aged past fresh priority-0
+# work and took its place: priority 0's p90 queue wait was 320 ms, against 42 ms at 2.5 s
+# (bench/priority_bench.py; 5 s gave no better p0 and a 4.8 s p99 for priority 1).
+PRIORITY_AGING_S = 2.5
+# While work of more than one priority arrives (each seen within MIXED_PRIORITY_WINDOW_S),
+# batches hold at most 1/MIXED_PRIORITY_BATCH_SHARE of max_batch_items. A priority-0 item
+# that arrives during a forward pass waits for that pass to end, so under mixed saturation
+# long batches of priority-1 work set priority 0's tail. Quarter-size batches cost about
+# 8% of throughput while priorities mix (a forward pass's fixed cost is paid 4x as often)
+# and nothing otherwise.
+MIXED_PRIORITY_BATCH_SHARE = 4
+MIXED_PRIORITY_WINDOW_S = 2.0
 
 
 @dataclass(slots=True)
@@ -56,6 +67,7 @@ class TokenBudgetBatcher:
         self._by_length: list[tuple[int, int]] = []  # (length, seq), sorted
         self._fifo: dict[int, deque[int]] = {}  # priority -> seqs in arrival order
         self._queued_tokens = 0
+        self._last_seen: dict[int, float] = {}  # priority -> when it last arrived
         self._wakeup = asyncio.Event()
         self.cost = BatchCostModel()
 
@@ -77,6 +89,7 @@ class TokenBudgetBatcher:
             self._items[item.seq] = item
             bisect.insort(self._by_length, (item.length, item.seq))
             self._fifo.setdefault(item.priority, deque()).append(item.seq)
+            self._last_seen[item.priority] = item.enqueued_at
             self._queued_tokens += item.length
             self.cost.arrived(item.enqueued_at)
         self._wakeup.set()
@@ -91,7 +104,8 @@ class TokenBudgetBatcher:
             if anchor is None:
                 continue
             waited = time.monotonic() - anchor.enqueued_at
-            full = (len(self._items) >= self.max_batch_items
+            cap = self._item_cap()
+            full = (len(self._items) >= cap
                     or self._queued_tokens >= self.max_batch_tokens)
             if not full and waited < self.max_wait_s and self.cost.worth_waiting():
                 # More items are likely to arrive before another forward pass would have
@@ -103,7 +117,7 @@ class TokenBudgetBatcher:
                         self.max_wait_s - waited, 2 * self.cost.expected_gap_s))
                 if len(self._items) > before:
                     continue
-            batch = self._take(anchor)
+            batch = self._take(anchor, cap)
             live = self._drop_dead(batch)
             if live:
                 return live
@@ -124,15 +138,23 @@ class TokenBudgetBatcher:
                 best = key
         return None if best is None else self._items[best[1]]
 
-    def _take(self, anchor: WorkItem) -> list[WorkItem]:
-        lo, hi = self._plan(anchor)
+    def _item_cap(self) -> int:
+        """Items per batch now: smaller while more than one priority level arrives."""
+        since = time.monotonic() - MIXED_PRIORITY_WINDOW_S
+        levels = sum(1 for seen in self._last_seen.values() if seen >= since)
+        if levels > 1:
+            return max(1, self.max_batch_items // MIXED_PRIORITY_BATCH_SHARE)
+        return self.max_batch_items
+
+    def _take(self, anchor: WorkItem, cap: int) -> list[WorkItem]:
+        lo, hi = self._plan(anchor, cap)
         keys = self._by_length
         taken = [self._items.pop(seq) for _, seq in keys[lo : hi + 1]]
         del keys[lo : hi + 1]
         self._queued_tokens -= sum(item.length for item in taken)
         return taken
 
-    def _plan(self, anchor: WorkItem) -> tuple[int, int]:
+    def _plan(self, anchor: WorkItem, cap: int) -> tuple[int, int]:
         """The run [lo, hi] of the length-sorted queue to run now: the batch that holds the
         anchor in the cheapest split of the items around it into batches.
 
@@ -144,7 +166,7 @@ class TokenBudgetBatcher:
         over a bounded window (numpy, well under a millisecond for 256 items)."""
         keys = self._by_length
         at = bisect.bisect_left(keys, (anchor.length, anchor.seq))
-        reach = 2 * self.max_batch_items
+        reach = 2 * cap
         first, last = max(0, at - reach), min(len(keys), at + reach + 1)
         lengths = np.fromiter((k[0] for k in keys[first:last]), dtype=np.float64,
                               count=last - first)
@@ -160,11 +182,11 @@ class TokenBudgetBatcher:
             # Batches ending at j-1 may start at i in [low, j-1]: item cap and token budget.
             if self.packed:
                 low = int(np.searchsorted(prefix, prefix[j] - self.max_batch_tokens))
-                low = max(low, j - self.max_batch_items, 0)
+                low = max(low, j - cap, 0)
                 low = min(low, j - 1)
                 tokens = prefix[j] - prefix[low:j]
             else:
-                fit = max(1, min(self.max_batch_items, int(self.max_batch_tokens // width)))
+                fit = max(1, min(cap, int(self.max_batch_tokens // width)))
                 low = max(0, j - fit)
                 tokens = width * (j - index[low:j])
             costs = best[low:j] + overhead + tokens

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from sdk.errors import ErrorCode, HeronError
-from worker.batcher import TokenBudgetBatcher, WorkItem
+from worker.batcher import PRIORITY_AGING_S, TokenBudgetBatcher, WorkItem
 
 
 def make(batcher: TokenBudgetBatcher, lengths: list[int], *, priority: int = 0,
@@ -127,7 +127,7 @@ async def test_arrival_gaps_are_learned() -> None:
 async def test_a_waiting_low_priority_item_ages_past_fresh_high_priority_work() -> None:
     b = new(max_tokens=10, max_items=1)
     old = make(b, [5], priority=1)
-    old[0].enqueued_at -= 1.5  # waited 1.5 s: aged past priority 0
+    old[0].enqueued_at -= 1.5 * PRIORITY_AGING_S  # aged past priority 0
     make(b, [5], priority=0)
     assert (await b.next_batch()) == old
 
@@ -139,3 +139,23 @@ async def test_window_is_bounded() -> None:
     started = time.monotonic()
     batch = await asyncio.wait_for(b.next_batch(), 2)
     assert len(batch) == 1 and time.monotonic() - started < 1.0
+
+
+async def test_batches_shrink_while_priorities_mix() -> None:
+    """A priority-0 item waits for the forward pass running when it arrives: while two
+    priority levels arrive, batches are a quarter of max_batch_items."""
+    from worker.batcher import MIXED_PRIORITY_BATCH_SHARE
+
+    alone = new(max_tokens=10_000, max_items=16)
+    make(alone, [5] * 40, priority=1)
+    assert len(await alone.next_batch()) == 16
+
+    mixed = new(max_tokens=10_000, max_items=16)
+    make(mixed, [5] * 40, priority=1)
+    urgent = make(mixed, [5], priority=0)
+    first = await mixed.next_batch()
+    assert urgent[0] in first
+    sizes = [len(first)]
+    while len(mixed):
+        sizes.append(len(await mixed.next_batch()))
+    assert sum(sizes) == 41 and max(sizes) == 16 // MIXED_PRIORITY_BATCH_SHARE
