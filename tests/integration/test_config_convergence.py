@@ -73,10 +73,15 @@ def test_post_routes_within_a_second_and_serves_without_restart(
                               json={"items": ["hello live model"]}, timeout=30)
             return resp.status_code == 200 and len(resp.json()["items"][0]["dense"]) == 32
         wait(encoded, timeout_s=60, every=0.3)
-        status = httpx.get(gateway.url + f"/v1/configs/models/{model_id}/status").json()
-        assert "applied_by" in status, status
-        assert status["applied_by"] == 1 and status["workers"][0]["state"] == "ready"
-        assert status["workers"][0]["bundle_hash_matches"] is True
+
+        # Built from heartbeats (one a second): the beat after the load says ready.
+        def status() -> dict:
+            return httpx.get(gateway.url + f"/v1/configs/models/{model_id}/status").json()
+
+        wait(lambda: status().get("workers", [{}])[0].get("state") == "ready", timeout_s=5)
+        final = status()
+        assert final["applied_by"] == 1 and final["workers"][0]["state"] == "ready"
+        assert final["workers"][0]["bundle_hash_matches"] is True
     finally:
         worker.stop()
         gateway.stop()
