@@ -44,7 +44,10 @@ serve: venv
 lint: venv-test
 	$(BIN)/ruff check .
 
+# Chromium and its driver: the cluster page's test drives the page in headless Chromium.
 test: venv-test
+	@(command -v chromium && command -v chromedriver) >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

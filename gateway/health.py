@@ -4,6 +4,11 @@ Every worker publishes one beat a second. A worker counts as capacity while its 
 said ready and arrived less than ``timeout_s`` ago (measured on the gateway's own monotonic
 clock, so clock skew between hosts changes nothing). Nothing here talks to NATS: the
 gateway feeds ``observe`` from its subscription.
+
+Recent throughput comes from the beats too: each carries counters of the items the worker
+has computed, and ``throughput`` divides their growth over the last ``THROUGHPUT_WINDOW_S``
+by the time between those beats. Counted where the work is done, so it includes every
+gateway's traffic (and a worker's own HTTP API), not only this gateway's.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +25,24 @@ log = logging.getLogger("heron.gateway.health")
 
 # A worker silent this long is forgotten entirely (it only costs memory and /v1/models noise).
 FORGET_AFTER_S = 300.0
+THROUGHPUT_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ItemCount:
+    """A worker's item counters as one beat reported them."""
+
+    received: float  # gateway monotonic time
+    items_done: int
+    model_items: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """Items computed per second over the recent window: all models, and per model."""
+
+    items_per_s: float = 0.0
+    model_items_per_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -36,6 +60,11 @@ class WorkerBeat:
     address: str
     received: float  # gateway monotonic time
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+    memory_rss: int = 0
+    model_memory: dict[str, int] = field(default_factory=dict)  # model id -> bytes
+    # This worker's counters over the throughput window, oldest first (carried from beat to
+    # beat by WorkerHealth.observe).
+    counts: deque[ItemCount] = field(repr=False, default_factory=deque)
 
 
 class WorkerHealth:
@@ -66,16 +95,54 @@ class WorkerHealth:
                 ready=bool(beat.get("ready")), models=dict(beat.get("models") or {}),
                 queue_depth=int(beat.get("queue_depth") or 0),
                 in_flight=int(beat.get("in_flight") or 0),
-                address=str(beat.get("address") or ""), received=self.clock(), raw=dict(beat))
+                address=str(beat.get("address") or ""), received=self.clock(), raw=dict(beat),
+                memory_rss=int(beat.get("memory_rss") or 0),
+                model_memory={str(m): int(b) for m, b in
+                              dict(beat.get("model_memory") or {}).items()})
+            count = ItemCount(worker.received, int(beat.get("items_done") or 0),
+                              {str(m): int(n) for m, n in
+                               dict(beat.get("model_items") or {}).items()})
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("dropping a malformed heartbeat (%s): %r", exc, beat)
             return
+        self._add_count(worker, count)
         self._check_bundle(worker)
         self._workers[worker.worker_id] = worker
         if self.is_healthy(worker):
             for waiter in self._waiters.pop(worker.pool, []):
                 if not waiter.done():
                     waiter.set_result(None)
+
+    def _add_count(self, worker: WorkerBeat, count: ItemCount) -> None:
+        previous = self._workers.get(worker.worker_id)
+        counts = previous.counts if previous is not None else deque()
+        if counts and count.items_done < counts[-1].items_done:
+            counts.clear()  # the counters went back: a restarted worker that kept its id
+        counts.append(count)
+        horizon = count.received - THROUGHPUT_WINDOW_S
+        while counts[0].received < horizon:
+            counts.popleft()
+        worker.counts = counts
+
+    def throughput(self, worker: WorkerBeat) -> Throughput:
+        """Items/s the worker computed over the recent window; zero once it stops beating
+        (a dead worker computes nothing) and until a second beat gives a time span."""
+        counts = worker.counts
+        if self.clock() - worker.received >= self.timeout_s or len(counts) < 2:
+            return Throughput()
+        first, last = counts[0], counts[-1]
+        span = last.received - first.received
+        if span <= 0:
+            return Throughput()
+        per_model = {m: max(0, n - first.model_items.get(m, 0)) / span
+                     for m, n in last.model_items.items()}
+        return Throughput(max(0, last.items_done - first.items_done) / span,
+                          {m: rate for m, rate in per_model.items() if rate > 0})
+
+    def expected(self, pool: str) -> tuple[str, str] | None:
+        """(bundle, bundle hash) this gateway routes to ``pool``; None for a pool it does
+        not route to."""
+        return self._expected.get(pool)
 
     def _check_bundle(self, worker: WorkerBeat) -> None:
         expected = self._expected.get(worker.pool)

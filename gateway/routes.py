@@ -45,6 +45,7 @@ from gateway.registry import (
     describe,
 )
 from gateway.settings import GatewaySettings
+from gateway.status_page import ClusterStatusPage
 from sdk import wire
 from sdk.cluster import (
     STATUS_WILDCARD,
@@ -375,6 +376,7 @@ class GatewayApp:
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+            *ClusterStatusPage(self).routes(),  # the live cluster page: / and its WebSocket
         ]
         app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS,
                         lifespan=self.lifespan,

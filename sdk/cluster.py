@@ -230,12 +230,20 @@ def demand_message(pool: str, bundle: str) -> dict[str, Any]:
 
 def status_message(*, worker_id: str, pool: str, bundle: str, bundle_hash: str,
                    models: dict[str, str], queue_depth: int, in_flight: int, memory_rss: int,
-                   ready: bool, address: str) -> dict[str, Any]:
-    """A worker heartbeat, once a second on status_subject(pool, worker_id)."""
+                   ready: bool, address: str, items_done: int = 0,
+                   model_items: dict[str, int] | None = None,
+                   model_memory: dict[str, int] | None = None) -> dict[str, Any]:
+    """A worker heartbeat, once a second on status_subject(pool, worker_id).
+
+    ``items_done`` and ``model_items`` (model id -> items) count the items the worker has
+    computed since it started: counters, so a reader gets a rate from two beats and a lost
+    beat costs nothing. ``model_memory`` is each loaded model's weights and buffers in bytes.
+    Readers treat the three as optional (older workers do not send them)."""
     return {"worker_id": worker_id, "pool": pool, "bundle": bundle,
             "bundle_hash": bundle_hash, "models": models, "queue_depth": queue_depth,
             "in_flight": in_flight, "memory_rss": memory_rss, "ready": ready,
-            "address": address, "ts": time.time()}
+            "address": address, "items_done": items_done, "model_items": model_items or {},
+            "model_memory": model_memory or {}, "ts": time.time()}
 
 
 def config_delta(*, epoch: int, model: dict[str, Any], bundles: list[str],

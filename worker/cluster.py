@@ -98,6 +98,9 @@ class WorkerCluster:
             "in_flight": self.consumer.in_flight if self.consumer else 0,
             "ready": self.registry.ready and self.consumer is not None and self.connected,
             "address": self.queue.address,
+            "items_done": sum(e.items_done for e in entries),
+            "model_items": {e.config.id: e.items_done for e in entries if e.items_done},
+            "model_memory": {e.config.id: e.resident_bytes for e in entries if e.runner},
         }
 
     async def stop(self) -> None:

@@ -82,6 +82,7 @@ class ModelEntry:
     loaded_once: bool = False
     retry_at: float | None = None  # a transient load failure: not before this (monotonic)
     weights_path: Any = None  # pinned in the weight cache while loaded
+    items_done: int = 0  # items computed since the worker started (heartbeat counter)
 
     @property
     def idle(self) -> bool:
@@ -307,6 +308,7 @@ class ModelRegistry:
         model_id = config.id
 
         def on_batch(stats: BatchStats) -> None:
+            entry.items_done += stats.items  # on the event loop (ModelRunner._deliver)
             if self._on_batch is not None:
                 self._on_batch(model_id, stats)
 

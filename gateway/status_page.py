@@ -1,0 +1,196 @@
+"""The live cluster page: ``GET /`` (plain HTML, JS and CSS from gateway/static, no build
+step, nothing from outside the gateway) and the WebSocket ``/ws/cluster-status`` that feeds
+it a JSON snapshot of the cluster about once a second.
+
+Everything shown comes from what this gateway already tracks: its pools (static and
+leased), the workers' heartbeats (gateway/health.py, including their item counters, from
+which it computes recent throughput), pending demand, and its own backlog. The feed is
+one-way: what a client sends is read and ignored, so a client can neither stall nor break
+it. Like /readyz and /metrics the page needs no API key: it shows no request contents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from gateway.health import THROUGHPUT_WINDOW_S, WorkerBeat
+from sdk import wire
+
+if TYPE_CHECKING:
+    from gateway.routes import GatewayApp
+
+log = logging.getLogger("heron.gateway.status_page")
+
+STATIC_DIR = Path(__file__).parent / "static"
+# The page's files, by the name the page asks for: a fixed table, so no request path ever
+# reaches the filesystem.
+ASSETS = {"cluster.js": "text/javascript; charset=utf-8",
+          "cluster.css": "text/css; charset=utf-8"}
+PAGE = "cluster.html"
+PUSH_INTERVAL_S = 1.0
+# A snapshot built this recently is sent as it is: many open pages cost one build a second.
+SNAPSHOT_MAX_AGE_S = 0.5
+# A worker that stopped beating stays on the page, marked gone, this long (then it is
+# dropped): someone looking at the page sees that it died, not only that it vanished.
+GONE_SHOWN_S = 60.0
+# A client that has not taken a snapshot for this long is disconnected (it stopped reading;
+# its socket buffers are full).
+SEND_TIMEOUT_S = 10.0
+MAX_CLIENTS = 64  # each open page holds a socket and a task; more get close code 1013
+SNAPSHOT_VERSION = 1
+# The page runs only its own script and style and talks only to this gateway.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self' data:; connect-src 'self'; "
+                               "base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-cache",
+}
+
+
+class ClusterStatusPage:
+    """Builds cluster snapshots from a live GatewayApp and serves the page and its feed."""
+
+    def __init__(self, gateway: GatewayApp) -> None:
+        self.gateway = gateway
+        self.clients = 0
+        self._files = {name: (STATIC_DIR / name).read_bytes() for name in (PAGE, *ASSETS)}
+        self._cached: tuple[float, str] | None = None  # (monotonic time, encoded snapshot)
+
+    def routes(self) -> list[BaseRoute]:
+        return [Route("/", self.page, methods=["GET"]),
+                Route("/static/{name}", self.asset, methods=["GET"]),
+                WebSocketRoute("/ws/cluster-status", self.feed)]
+
+    # ---- the snapshot --------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The cluster as this gateway sees it now (the WebSocket message; the format is in
+        docs/gateway.md, "Cluster page")."""
+        g = self.gateway
+        health = g.health
+        now = health.clock()
+        beats = [b for b in health.workers() if now - b.received <= GONE_SHOWN_S]
+        rates = {b.worker_id: health.throughput(b) for b in beats}
+        workers = [self._worker(b, now, rates[b.worker_id].items_per_s,
+                                rates[b.worker_id].model_items_per_s)
+                   for b in sorted(beats, key=lambda b: (b.pool, b.worker_id))]
+        leased = g.pools.leased()
+        pools = []
+        for name, bundle in sorted(g.pools.all_pools().items()):
+            expected = health.expected(name)
+            members = [w for w in workers if w["pool"] == name]
+            pools.append({
+                "name": name, "bundle": bundle,
+                "kind": "lease" if name in leased else "static",
+                "bundle_hash": expected[1] if expected else "",
+                "workers": sum(w["state"] != "gone" for w in members),
+                "healthy_workers": sum(w["state"] == "ready" for w in members),
+                "outstanding_items": g.dispatcher.outstanding(name),
+                "pending_demand": g.demand.pending(name),
+                "throughput_items_per_s": round(sum(w["throughput_items_per_s"]
+                                                    for w in members), 2)})
+        models = []
+        for route in g.registry.models():
+            model_id = route.model_id
+            models.append({
+                "id": model_id, "aliases": list(route.config.aliases),
+                "adapter": route.config.adapter, "bundle": route.bundle, "pool": route.pool,
+                "state": health.model_state(route.pool, model_id),
+                "ready_workers": sum(w["state"] == "ready"
+                                     and w["models"].get(model_id) == "ready"
+                                     for w in workers),
+                "throughput_items_per_s": round(sum(
+                    r.model_items_per_s.get(model_id, 0.0) for r in rates.values()), 2)})
+        return {"type": "cluster_status", "version": SNAPSHOT_VERSION, "ts": time.time(),
+                "gateway_id": g.gateway_id, "nats_connected": g.link.connected,
+                "ready": g.link.ready and g.registry.loaded,
+                "heartbeat_timeout_s": health.timeout_s,
+                "throughput_window_s": THROUGHPUT_WINDOW_S,
+                "pools": pools, "workers": workers, "models": models}
+
+    def _worker(self, beat: WorkerBeat, now: float, items_per_s: float,
+                model_items_per_s: dict[str, float]) -> dict[str, Any]:
+        expected = self.gateway.health.expected(beat.pool)
+        healthy = self.gateway.health.is_healthy(beat)
+        fresh = now - beat.received < self.gateway.health.timeout_s
+        return {
+            "worker_id": beat.worker_id, "pool": beat.pool, "bundle": beat.bundle,
+            "bundle_hash": beat.bundle_hash,
+            # None: this gateway does not route the pool, so it expects nothing of it.
+            "bundle_hash_matches": None if expected is None
+            else beat.bundle_hash == expected[1],
+            "state": "ready" if healthy else "not_ready" if fresh else "gone",
+            "ready": beat.ready, "last_beat_s": round(now - beat.received, 2),
+            "address": beat.address, "models": dict(beat.models),
+            "queue_depth": beat.queue_depth, "in_flight": beat.in_flight,
+            "memory_rss": beat.memory_rss, "model_memory": dict(beat.model_memory),
+            "throughput_items_per_s": round(items_per_s, 2),
+            "model_throughput_items_per_s": {m: round(r, 2)
+                                             for m, r in model_items_per_s.items()},
+        }
+
+    def encoded_snapshot(self) -> str:
+        now = self.gateway.health.clock()  # the clock the snapshot's ages are measured on
+        if self._cached is None or now - self._cached[0] > SNAPSHOT_MAX_AGE_S:
+            self._cached = (now, wire.encode(self.snapshot(), wire.JSON).decode())
+        return self._cached[1]
+
+    # ---- HTTP ----------------------------------------------------------------------------
+    async def page(self, request: Request) -> Response:
+        return Response(self._files[PAGE], media_type="text/html; charset=utf-8",
+                        headers=SECURITY_HEADERS)
+
+    async def asset(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in ASSETS:
+            return Response(b"not found\n", status_code=404, media_type="text/plain")
+        return Response(self._files[name], media_type=ASSETS[name], headers=SECURITY_HEADERS)
+
+    # ---- the WebSocket feed --------------------------------------------------------------
+    async def feed(self, websocket: WebSocket) -> None:
+        """Send a snapshot at once and then every PUSH_INTERVAL_S until the client goes."""
+        if self.clients >= MAX_CLIENTS:
+            await websocket.close(code=1013, reason="too many cluster page clients")
+            return
+        self.clients += 1
+        try:
+            await websocket.accept()
+            gone = asyncio.create_task(_wait_for_disconnect(websocket))
+            try:
+                while not gone.done():
+                    await asyncio.wait_for(websocket.send_text(self.encoded_snapshot()),
+                                           SEND_TIMEOUT_S)
+                    await asyncio.wait({gone}, timeout=PUSH_INTERVAL_S)
+            finally:
+                gone.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await gone
+        except (WebSocketDisconnect, OSError, TimeoutError):
+            pass  # the client went away (or stopped reading): nothing to clean up but it
+        except RuntimeError as exc:  # Starlette: a send after the close began
+            log.debug("cluster page client closed mid-send: %s", exc)
+        finally:
+            self.clients -= 1
+            if (websocket.application_state == WebSocketState.CONNECTED
+                    and websocket.client_state == WebSocketState.CONNECTED):
+                with contextlib.suppress(Exception):  # it may be going at this very moment
+                    await websocket.close()
+
+
+async def _wait_for_disconnect(websocket: WebSocket) -> None:
+    """Read (and drop) whatever the client sends until it disconnects: the feed takes no
+    input, and reading is how a closed connection is noticed."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
