@@ -18,6 +18,7 @@ from config_service.routes import ConfigRoutes
 from config_service.service import ConfigService
 from config_service.state import Registry
 from config_service.store import ConfigStore
+from sdk.logs import uvicorn_log_config
 from sdk.modelconfig import default_bundles_dir
 
 log = logging.getLogger("heron.config")
@@ -54,7 +55,7 @@ def create_app(nats_url: str, store_url: str | Path, *, bundles_dir: Path | None
 def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "info",
                    access_log: bool = False) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                          access_log=access_log)
+                          access_log=access_log, log_config=uvicorn_log_config())
 
 
 async def serve(nats_url: str, store_url: str | Path, *, host: str = "127.0.0.1",

@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from gateway.registry import BundleDirSource, ModelRegistry
 from gateway.routes import GatewayApp
 from gateway.settings import GatewaySettings
+from sdk.logs import uvicorn_log_config
 from sdk.modelconfig import ConfigError
 
 DEFAULT_POOLS = {"default": "default"}  # bundle -> pool
@@ -50,7 +51,8 @@ def create_app(nats_url: str, pools: Mapping[str, str] | None = None, *,
 def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "info",
                    access_log: bool = False) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                          access_log=access_log, loop="uvloop", http="httptools")
+                          access_log=access_log, loop="uvloop", http="httptools",
+                          log_config=uvicorn_log_config())
 
 
 async def serve(nats_url: str, pools: Mapping[str, str] | None = None, *,

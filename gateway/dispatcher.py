@@ -4,6 +4,14 @@ One wildcard subscription on this gateway's inbox (``inbox_prefix(gateway_id).>`
 every result; ``on_result`` hands each to its request's Reassembly. A request is registered
 before its first work item is published (a fast worker may answer before the publish ack),
 and forgotten when it completes, fails or passes its deadline: late results are dropped.
+
+Results are matched by their inbox (a key unique to this gateway), not by the request id:
+the id may be the client's own X-Request-Id, which two requests may share (a client that
+retries with the same id while its first try is still pending).
+
+Phases measured here: ``publish`` (until JetStream acked every work item) and
+``queue_wait`` (the rest of the wait that the worker did not account for: time in the
+stream before a worker took the item, and the result's way back).
 """
 
 from __future__ import annotations
@@ -17,13 +25,14 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js.errors import APIError
+from opentelemetry.trace import SpanKind
 
 from gateway.metrics import GatewayMetrics
 from gateway.nats_link import NatsLink
 from gateway.reassembly import Added, Reassembly
 from gateway.settings import GatewaySettings
 from gateway.slicing import Slice, encode_slices, plan_slices
-from sdk import wire
+from sdk import telemetry, wire
 from sdk.cluster import reply_subject, work_headers, work_subject
 from sdk.errors import ErrorCode, HeronError
 from sdk.ids import new_request_id
@@ -36,6 +45,7 @@ log = logging.getLogger("heron.gateway.dispatch")
 class WorkRequest:
     """One inference request, validated and routed, ready to split and publish."""
 
+    request_id: str  # the id its logs and the work items' Heron-Request-Id carry
     pool: str
     task: str  # encode | score | extract
     model_id: str
@@ -56,6 +66,9 @@ class _Pending:
     done: asyncio.Future[None]
     items: int  # all the request's items
     answered: int = 0  # items whose slice's result arrived (no longer outstanding)
+    published_at: float = 0.0  # monotonic, when publishing began
+    # The longest (result arrival - published_at - the worker's own time) of any slice.
+    unaccounted_s: float = 0.0
 
 
 class Dispatcher:
@@ -91,27 +104,38 @@ class Dispatcher:
         encoded = encode_slices(work.wire_body, slices, max_payload)
         self._check_backlog(work.pool, len(work.items))
 
-        request_id = new_request_id()
-        reply = reply_subject(self.gateway_id, request_id)
+        inbox_key = new_request_id()
+        reply = reply_subject(self.gateway_id, inbox_key)
         deadline = time.time() + work.timeout_s
-        pending = _Pending(Reassembly(request_id, [s for s, _ in encoded],
+        pending = _Pending(Reassembly(work.request_id, [s for s, _ in encoded],
                                       partial=work.partial), work.pool,
                            asyncio.get_running_loop().create_future(), len(work.items))
-        self._pending[request_id] = pending
+        self._pending[inbox_key] = pending
         self._add_outstanding(work.pool, len(work.items))
+        timings = pending.reassembly.timings
         try:
-            await self._publish(work, request_id, reply, deadline, encoded, started)
+            pending.published_at = time.monotonic()
+            with telemetry.span(telemetry.GATEWAY, "publish", kind=SpanKind.PRODUCER,
+                                attributes={"messaging.system": "nats",
+                                            "messaging.destination.name":
+                                                work_subject(work.pool, work.model_id),
+                                            "heron.work_items": len(encoded)}):
+                await self._publish(work, reply, deadline, encoded, started)
+            timings["publish"] = time.monotonic() - pending.published_at
             remaining = work.timeout_s - (time.monotonic() - started)
             try:
-                await asyncio.wait_for(pending.done, max(0.0, remaining))
+                with telemetry.span(telemetry.GATEWAY, "wait",
+                                    attributes={"heron.work_items": len(encoded)}):
+                    await asyncio.wait_for(pending.done, max(0.0, remaining))
             except TimeoutError:
                 raise HeronError(ErrorCode.DEADLINE_EXCEEDED,
                                  f"request did not finish within timeout_s={work.timeout_s:g}"
                                  ) from None
         finally:
-            self._forget(request_id)
+            self._forget(inbox_key)
         if pending.reassembly.error is not None:
             raise pending.reassembly.error
+        timings["queue_wait"] = max(0.0, pending.unaccounted_s - timings["publish"])
         return pending.reassembly
 
     def _check_backlog(self, pool: str, count: int) -> None:
@@ -124,19 +148,21 @@ class Dispatcher:
                              f"{self.settings.max_outstanding_items_per_pool}); retry shortly",
                              retry_after_s=self.settings.queue_full_retry_after_s)
 
-    async def _publish(self, work: WorkRequest, request_id: str, reply: str, deadline: float,
+    async def _publish(self, work: WorkRequest, reply: str, deadline: float,
                        encoded: list[tuple[Slice, bytes]], started: float) -> None:
         js = self.link.js
         assert js is not None
         subject = work_subject(work.pool, work.model_id)
         timeout = max(0.05, min(self.settings.publish_timeout_s,
                                 work.timeout_s - (time.monotonic() - started)))
-        publishes = [
-            js.publish(subject, payload, timeout=timeout, headers=work_headers(
-                request_id=request_id, task=work.task, model=work.model_id, reply=reply,
+        publishes = []
+        for piece, payload in encoded:
+            headers = work_headers(
+                request_id=work.request_id, task=work.task, model=work.model_id, reply=reply,
                 start=piece.start, count=piece.count, deadline=deadline,
-                priority=work.priority))
-            for piece, payload in encoded]
+                priority=work.priority)
+            telemetry.inject(headers)  # traceparent: the worker's spans join this trace
+            publishes.append(js.publish(subject, payload, timeout=timeout, headers=headers))
         if len(publishes) == 1:
             outcomes: list[Any] = [await _settle(publishes[0])]
         else:
@@ -166,14 +192,16 @@ class Dispatcher:
         if msg.reply:
             with contextlib.suppress(Exception):
                 await msg.respond(b"")
+        arrived = time.monotonic()
         try:
             message = wire.decode(msg.data, wire.MSGPACK)
-            request_id = message["request_id"]
+            if "request_id" not in message:  # not a result of ours
+                raise KeyError("request_id")
         except (HeronError, KeyError, TypeError) as exc:
             log.warning("dropping a malformed result on %s: %s", msg.subject, exc)
             self.metrics.ignored_results.labels("malformed").inc()
             return
-        pending = self._pending.get(request_id)
+        pending = self._pending.get(msg.subject.rpartition(".")[2])  # the inbox key
         if pending is None:
             self.metrics.ignored_results.labels("unknown").inc()
             return
@@ -182,13 +210,17 @@ class Dispatcher:
             count = int(message["count"])
             pending.answered += count
             self._add_outstanding(pending.pool, -count)
+            worker_s = (message.get("timings") or {}).get("total", 0.0)
+            if isinstance(worker_s, int | float):
+                pending.unaccounted_s = max(pending.unaccounted_s,
+                                            arrived - pending.published_at - worker_s)
         elif outcome in (Added.DUPLICATE, Added.UNEXPECTED):
             self.metrics.ignored_results.labels(outcome.value).inc()
         if pending.reassembly.done and not pending.done.done():
             pending.done.set_result(None)
 
-    def _forget(self, request_id: str) -> None:
-        pending = self._pending.pop(request_id, None)
+    def _forget(self, inbox_key: str) -> None:
+        pending = self._pending.pop(inbox_key, None)
         if pending is not None:
             # Slices still unanswered stop counting: workers drop them past the deadline.
             self._add_outstanding(pending.pool, pending.answered - pending.items)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                     30)
+# A request's phases in the order they happen: the gateway's own two (publish, queue_wait)
+# then the worker's, as the slowest slice reported them (sdk.cluster result "timings").
+PHASES = ("publish", "queue_wait", "tokenize", "batch_wait", "inference", "postprocess")
+# Workers before #7 reported the batcher wait as "queue": read it during a rolling upgrade.
+_LEGACY_PHASES = {"queue": "batch_wait"}
 
 
 class GatewayMetrics:
@@ -19,6 +25,10 @@ class GatewayMetrics:
                                 ["route", "model", "status"], registry=r)
         self.latency = Histogram("heron_gateway_request_duration_seconds", "Request latency",
                                  ["route", "model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.phase = Histogram("heron_gateway_phase_duration_seconds",
+                               "Time per phase of a successful request (publish, queue_wait, "
+                               "tokenize, batch_wait, inference, postprocess)",
+                               ["phase", "model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.work_items = Counter("heron_gateway_work_items_published_total",
                                   "Work items published to JetStream", ["pool"], registry=r)
         self.outstanding = Gauge("heron_gateway_outstanding_items",
@@ -45,3 +55,10 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def gateway_phases(timings: Mapping[str, float]) -> dict[str, float]:
+    """The phases of ``timings`` (a Reassembly's: the gateway's and the slowest slice's)
+    that a request reports, in ``PHASES`` order; missing ones are left out."""
+    named = {_LEGACY_PHASES.get(k, k): v for k, v in timings.items()}
+    return {phase: named[phase] for phase in PHASES if phase in named}

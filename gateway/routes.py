@@ -34,7 +34,7 @@ from gateway.configs import ConfigServiceSource, GatewayConfigSync, model_status
 from gateway.demand import DemandTracker
 from gateway.dispatcher import Dispatcher, WorkRequest
 from gateway.health import WorkerHealth
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, gateway_phases
 from gateway.nats_link import NatsLink
 from gateway.pools import GatewayPools
 from gateway.reassembly import Reassembly, merge_items, merge_scores
@@ -46,7 +46,7 @@ from gateway.registry import (
 )
 from gateway.settings import GatewaySettings
 from gateway.status_page import ClusterStatusPage
-from sdk import wire
+from sdk import telemetry, wire
 from sdk.cluster import (
     STATUS_WILDCARD,
     demand_message,
@@ -58,13 +58,17 @@ from sdk.cluster import (
 )
 from sdk.errors import ErrorCode, HeronError
 from sdk.ids import new_request_id
+from sdk.logs import current_request
 from sdk.openai_compat import embeddings_response, parse_embeddings_request
 from sdk.server import (
     CLIENT_CLOSED_STATUS,
     EXCEPTION_HANDLERS,
     ClientDisconnected,
+    RequestScope,
+    note_route,
     read_body,
     respond,
+    server_timing,
     unless_disconnected,
 )
 from sdk.types import EncodeRequest, ExtractRequest, Item, RequestOptions, ScoreRequest
@@ -170,20 +174,22 @@ class GatewayApp:
                          json_only: bool = False, read: bool = True) -> Response:
         started = time.monotonic()
         status, label = 500, request.path_params.get("model", "_unknown")
+        scope = RequestScope(request, telemetry.GATEWAY, route_name, log)
         try:
             body, fmt = await read_body(request) if read else (None, None)
             # A client that disconnects stops the wait: its items stop counting against the
             # pool's backlog at once (workers drop them when their deadline passes).
             answer = await unless_disconnected(request, handle(body))
             status, label = 200, answer.model_id
-            headers = self._headers(request, answer.timings, started)
+            headers = self._headers(scope.request_id, answer, started)
             if json_only:  # OpenAI clients speak JSON only, whatever they send in Accept
                 return Response(wire.encode(answer.body, wire.JSON), media_type=wire.JSON,
                                 headers=headers)
             return respond(request, answer.body, request_fmt=fmt, headers=headers)
         except Provisioning as wait:
             status = 202
-            headers = {"Retry-After": str(max(1, round(wait.retry_after_s)))}
+            headers = {"Retry-After": str(max(1, round(wait.retry_after_s))),
+                       "X-Request-Id": scope.request_id}
             return respond(request, wait.body, status=202, headers=headers)
         except HeronError as exc:
             status = exc.status
@@ -196,14 +202,16 @@ class GatewayApp:
             model = self.registry.canonical_id(label) or "_unknown"
             self.metrics.requests.labels(route_name, model, str(status)).inc()
             self.metrics.latency.labels(route_name, model).observe(time.monotonic() - started)
+            scope.finish(status, None if model == "_unknown" else model)
 
-    @staticmethod
-    def _headers(request: Request, timings: Mapping[str, float],
-                 started: float) -> dict[str, str]:
-        phases = {k: timings[k] for k in ("tokenize", "queue", "inference") if k in timings}
+    def _headers(self, request_id: str, answer: Answer, started: float) -> dict[str, str]:
+        """Server-Timing: the gateway's phases, the slowest slice's worker phases, and the
+        gateway's total; each phase also goes to heron_gateway_phase_duration_seconds."""
+        phases = gateway_phases(answer.timings)
+        for phase, seconds in phases.items():
+            self.metrics.phase.labels(phase, answer.model_id).observe(seconds)
         phases["total"] = time.monotonic() - started
-        return {"Server-Timing": ", ".join(f"{k};dur={v * 1000:.2f}" for k, v in phases.items()),
-                "X-Request-Id": request.headers.get("x-request-id") or new_request_id()}
+        return {"Server-Timing": server_timing(phases), "X-Request-Id": request_id}
 
     def _route(self, request: Request, model: str, task: str) -> ModelRoute:
         """model -> bundle -> pool, or the pool the request names in X-Heron-Pool."""
@@ -215,7 +223,10 @@ class GatewayApp:
         if not self.link.ready:
             raise self.dispatcher.nats_unavailable("not connected to NATS; retry shortly")
         await self._require_capacity(route)
+        note_route(route.model_id, route.pool)  # the request's log lines and span name both
+        context = current_request()  # bound by RequestScope: the client's X-Request-Id
         return await self.dispatcher.submit(WorkRequest(
+            request_id=context.request_id if context else new_request_id(),
             pool=route.pool, task=task, model_id=route.model_id, wire_body=wire_body,
             items=items, timeout_s=options.timeout_s or self.settings.default_timeout_s,
             priority=options.priority, shared_text=shared_text, partial=partial))

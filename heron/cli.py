@@ -39,16 +39,20 @@ def _select_models(bundle: Bundle, models: str | None) -> Bundle:
 
 
 def _uvicorn_options(args: argparse.Namespace) -> dict[str, object]:
+    from sdk.logs import uvicorn_log_config
+
     return {"host": args.host, "port": args.port, "log_level": args.log_level,
             "access_log": args.access_log, "loop": "uvloop", "http": "httptools",
-            "timeout_graceful_shutdown": 30}
+            "timeout_graceful_shutdown": 30, "log_config": uvicorn_log_config()}
 
 
 def _build_worker_app(args: argparse.Namespace, queue: QueueMode | None) -> object:
     import torch
 
+    from sdk.telemetry import setup_tracing
     from worker.app import create_app
 
+    setup_tracing("heron-worker")  # HERON_TRACING; in every `serve --workers N` process
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = _select_models(load_bundle(args.bundle), args.models)
@@ -92,6 +96,7 @@ _SERVE_ARGS_ENV = "HERON_SERVE_ARGS"
 def serve_app_from_env() -> object:
     """The app of one ``heron serve --workers N`` process (uvicorn imports this)."""
     args = argparse.Namespace(**json.loads(os.environ[_SERVE_ARGS_ENV]))
+    configure_logs(args)
     return _build_worker_app(args, None)
 
 
@@ -139,7 +144,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     from gateway.app import parse_pool_pairs, run
+    from sdk.telemetry import setup_tracing
 
+    setup_tracing("heron-gateway")  # HERON_TRACING
     run(args.nats, parse_pool_pairs(args.pool or []), host=args.host, port=args.port,
         log_level=args.log_level, access_log=args.access_log, gateway_id=args.gateway_id,
         config_url=args.config)
@@ -275,13 +282,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The services' logs are read by machines (JSON); what people run in a terminal, as text.
+_JSON_LOG_COMMANDS = ("gateway", "worker", "config")
+
+
+def configure_logs(args: argparse.Namespace) -> None:
+    """Level from --log-level (HERON_LOG_LEVEL), format from HERON_LOG_FORMAT (json for
+    gateway, worker and config; text for serve, up and the client commands)."""
+    from sdk.logs import configure_logging, log_format
+
+    command = getattr(args, "command", "")
+    fields: dict[str, str] = {}
+    if command == "worker":  # decided here so that every line of the process names it
+        args.worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        fields = {"worker_id": args.worker_id, "pool": args.pool or args.bundle}
+    configure_logging(getattr(args, "log_level", "warning"),
+                      log_format("json" if command in _JSON_LOG_COMMANDS else "text"),
+                      **fields)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "command", None) == "up" and args.min_workers is None:
         args.min_workers = args.workers
-    logging.basicConfig(level=args.log_level.upper() if hasattr(args, "log_level") else "WARNING",
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
+        configure_logs(args)
         return args.func(args)
     except ConfigError as exc:
         print(f"heron: config error: {exc}", file=sys.stderr)

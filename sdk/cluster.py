@@ -207,7 +207,8 @@ def _norm(value: Any) -> Any:
 # ranks the whole request). Its result is one NATS Core message to Header.REPLY:
 #   {"request_id", "start", "count", "body": <the worker's response body for the slice>}
 # or, when the whole slice failed, {"request_id", "start", "count", "error": {code, message}}.
-# Both may carry "timings": {"queue", "tokenize", "inference"} in seconds.
+# Both may carry "timings" in seconds: {"tokenize", "batch_wait", "inference", "postprocess",
+# "total"}, total being the worker's whole time on the item (docs/observability.md).
 
 MAX_ITEMS_PER_WORK_ITEM = 64
 MAX_TOKENS_PER_WORK_ITEM = 8192  # estimated at the gateway as characters / 4

@@ -10,15 +10,19 @@ import asyncio
 import hmac
 import logging
 import math
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
+from opentelemetry.trace import SpanKind
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk import wire
+from sdk import telemetry, wire
 from sdk.errors import ErrorCode, HeronError
+from sdk.ids import request_id_from
+from sdk.logs import RequestContext, bind_request, current_request
 from sdk.types import MAX_BODY_BYTES
 
 log = logging.getLogger("heron.http")
@@ -90,6 +94,9 @@ def respond(request: Request, body: Any, *, status: int = 200, request_fmt: str 
 
 def error_response(request: Request, error: HeronError) -> Response:
     headers = {}
+    request_id = getattr(request.state, "request_id", None)
+    if request_id is not None:  # an inference request's error names it, like its answer
+        headers["X-Request-Id"] = request_id
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
     return respond(request, error.to_body(), status=error.status, headers=headers)
@@ -130,3 +137,69 @@ def require_bearer(authorization: str | None, tokens: set[str], what: str) -> No
     # Constant-time comparison: no timing hint of how much of a token matched.
     if not any(hmac.compare_digest(token.strip().encode(), t.encode()) for t in tokens):
         raise HeronError(ErrorCode.FORBIDDEN, f"this token does not authorise {what}")
+
+
+# ---- per-request observability ---------------------------------------------------------------
+def server_timing(phases: Mapping[str, float]) -> str:
+    """``Server-Timing`` from phase -> seconds: ``tokenize;dur=0.62, ...`` (milliseconds)."""
+    return ", ".join(f"{name};dur={seconds * 1000:.2f}" for name, seconds in phases.items())
+
+
+# Route name (as metrics label them) -> its template, the span's ``http.route``.
+ROUTE_TEMPLATES = {"encode": "/v1/encode/{model}", "score": "/v1/score/{model}",
+                   "extract": "/v1/extract/{model}", "embeddings": "/v1/embeddings",
+                   "provision": "/v1/models/{model}/provision"}
+
+
+class RequestScope:
+    """What an inference request leaves besides its answer: its id (the client's
+    ``X-Request-Id`` when usable, else a new one), a log context carrying the id to every
+    line logged while it is served, and, with tracing on, a server span that continues
+    the client's ``traceparent`` (a malformed one starts a new trace). ``finish`` logs the
+    request's one summary line: debug for answers, warning for 5xx, error for 500."""
+
+    __slots__ = ("context", "log", "request", "request_id", "span", "started")
+
+    def __init__(self, request: Request, scope: str, route_name: str,
+                 log: logging.Logger) -> None:
+        self.started = time.monotonic()
+        self.request = request
+        self.log = log
+        self.request_id = request_id_from(request.headers.get("x-request-id"))
+        request.state.request_id = self.request_id  # error responses echo it
+        self.context: RequestContext = bind_request(self.request_id)
+        self.span = telemetry.start_span(
+            scope, "request", kind=SpanKind.SERVER, parent=telemetry.extract(request.headers),
+            attributes={"http.request.method": request.method, "url.path": request.url.path,
+                        "http.route": ROUTE_TEMPLATES.get(route_name, route_name),
+                        "heron.route": route_name, "heron.request_id": self.request_id},
+        ) if telemetry.enabled() else None
+
+    def finish(self, status: int, model: str | None) -> None:
+        if model is not None and self.context.model is None:
+            self.context.model = model
+        level = (logging.DEBUG if status < 500 else
+                 logging.ERROR if status == 500 else logging.WARNING)
+        if self.log.isEnabledFor(level):
+            elapsed_ms = round((time.monotonic() - self.started) * 1000, 2)
+            self.log.log(level, "%s %s %d %.2f ms", self.request.method,
+                         self.request.url.path, status, elapsed_ms,
+                         extra={"status": status, "duration_ms": elapsed_ms})
+        if self.span is not None:
+            attributes: dict[str, Any] = {"http.response.status_code": status}
+            if self.context.model is not None:
+                attributes["heron.model"] = self.context.model
+            telemetry.end_span(self.span, attributes=attributes,
+                               error=f"HTTP {status}" if status >= 500 else None)
+
+
+def note_route(model: str, pool: str | None = None) -> None:
+    """The request being served is for ``model`` (in ``pool``): its log lines and span say so."""
+    context = current_request()
+    if context is not None:
+        context.model, context.pool = model, pool
+    if telemetry.enabled():
+        attributes = {"heron.model": model}
+        if pool is not None:
+            attributes["heron.pool"] = pool
+        telemetry.set_attributes(attributes)

@@ -84,3 +84,18 @@ def build_sentencepiece_model(path: Path) -> Path:
     XLMRobertaModel(config).eval().save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
     return path
+
+
+def one_model_bundle(root: Path, name: str, model_dir: Path, adapter: str = "dense") -> Path:
+    """A bundle YAML serving one tiny model (id ``test/<name>``, alias ``name``): a worker
+    that loads in a second, for tests about the path around the model."""
+    import yaml
+
+    (root / "models").mkdir(parents=True, exist_ok=True)
+    config = {"id": f"test/{name}", "aliases": [name], "adapter": adapter,
+              "source": {"path": str(model_dir)},
+              "profiles": {"default": {"max_sequence_length": 64}}}
+    (root / "models" / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    bundle = root / f"{name}.yaml"
+    bundle.write_text(yaml.safe_dump({"name": name, "models": [f"{name}.yaml"]}))
+    return bundle

@@ -20,15 +20,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sdk import wire
+from sdk import telemetry, wire
 from sdk.errors import HeronError
-from sdk.ids import new_request_id
+from sdk.logs import adopt_library_logs
 from sdk.modelconfig import Bundle, ModelConfig
 from sdk.openai_compat import embeddings_response, parse_embeddings_request
 from sdk.server import (
     CLIENT_CLOSED_STATUS,
     EXCEPTION_HANDLERS,
     ClientDisconnected,
+    RequestScope,
     read_body,
     respond,
     unless_disconnected,
@@ -58,12 +59,13 @@ class WorkerApp:
                  precision: str | None = None,
                  extra_models: list[ModelConfig] | None = None,
                  queue: QueueMode | None = None) -> None:
+        adopt_library_logs()  # transformers is imported by now: JSON logs stay JSON
         self.metrics = WorkerMetrics()
         self.registry = ModelRegistry(bundle, device=device, precision=precision,
                                       extra_models=extra_models,
                                       on_batch=self.metrics.observe_batch,
                                       on_evict=self.metrics.observe_eviction)
-        self.service = InferenceService(self.registry)
+        self.service = InferenceService(self.registry, on_phases=self.metrics.observe_phases)
         self.queue = queue
         self.cluster: WorkerCluster | None = None
         self._load_task: asyncio.Task | None = None
@@ -101,11 +103,13 @@ class WorkerApp:
         """Read the body, run ``handle``, answer; metrics and timing headers for every route."""
         started = time.monotonic()
         status, model = 500, request.path_params.get("model", "_unknown")
+        scope = RequestScope(request, telemetry.WORKER, route, log)
         try:
             body, fmt = await read_body(request)
             outcome = await unless_disconnected(request, handle(body))
             status, model = 200, outcome.model
-            headers = self._headers(request, outcome)
+            headers = {"Server-Timing": outcome.timings.server_timing(),
+                       "X-Request-Id": scope.request_id}
             if json_only:  # OpenAI clients speak JSON only, whatever they send in Accept
                 return Response(wire.encode(outcome.body, wire.JSON), media_type=wire.JSON,
                                 headers=headers)
@@ -121,13 +125,7 @@ class WorkerApp:
             label = self.registry.canonical_id(model) or "_unknown"
             self.metrics.requests.labels(route, label, str(status)).inc()
             self.metrics.latency.labels(route, label).observe(time.monotonic() - started)
-
-    def _headers(self, request: Request, outcome: Outcome) -> dict[str, str]:
-        t = outcome.timings
-        for phase in ("tokenize", "queue", "inference"):
-            self.metrics.phase.labels(phase, outcome.model).observe(getattr(t, phase))
-        return {"Server-Timing": t.server_timing(),
-                "X-Request-Id": request.headers.get("x-request-id") or new_request_id()}
+            scope.finish(status, None if label == "_unknown" else label)
 
     async def encode(self, request: Request) -> Response:
         model = request.path_params["model"]

@@ -25,8 +25,9 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
+from opentelemetry.trace import SpanKind
 
-from sdk import wire
+from sdk import telemetry, wire
 from sdk.cluster import (
     Header,
     WorkStreamSpec,
@@ -38,6 +39,7 @@ from sdk.cluster import (
     work_stream,
 )
 from sdk.errors import ErrorCode, HeronError
+from sdk.logs import bind_request
 from sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
 from worker.service import InferenceService, Outcome
 
@@ -46,6 +48,8 @@ log = logging.getLogger("heron.worker.consumer")
 _PARSERS = {"encode": EncodeRequest.from_wire, "score": ScoreRequest.from_wire,
             "extract": ExtractRequest.from_wire}
 _RETRY_LATER = (ErrorCode.MODEL_LOADING, ErrorCode.QUEUE_FULL)
+_RETRIED = 102  # an item nak'ed to run later (model loading, queue full): not an error yet
+_OUTCOMES = {200: "answered", _RETRIED: "nak'ed, to run later"}
 RESULT_ACK_TIMEOUT_S = 2.0
 NO_RESPONDERS_BACKOFF_S = (0.25, 0.5, 1.0, 2.0)
 
@@ -141,7 +145,53 @@ class WorkConsumer:
 
     # ---- one work item -----------------------------------------------------------------
     async def _handle(self, msg: Msg) -> None:
+        """One work item, in a task of its own: its log lines carry the request's id (from
+        the gateway's Heron-Request-Id), its spans join the gateway's trace (traceparent)."""
+        received = time.monotonic()
         headers = msg.headers or {}
+        request_id = headers.get(Header.REQUEST_ID, "")
+        bind_request(request_id, model=headers.get(Header.MODEL) or None, pool=self.spec.pool)
+        span = self._start_trace(msg, headers) if telemetry.enabled() else None
+        status = 500
+        try:
+            status = await self._handle_item(msg, headers, received)
+        finally:
+            level = logging.DEBUG if status < 500 else logging.WARNING
+            if log.isEnabledFor(level):
+                elapsed_ms = round((time.monotonic() - received) * 1000, 2)
+                log.log(level, "work item (%s, %s items from %s): %s in %.2f ms",
+                        headers.get(Header.TASK, "?"), headers.get(Header.COUNT, "0"),
+                        headers.get(Header.START, "0"),
+                        _OUTCOMES.get(status) or f"answered with an error ({status})",
+                        elapsed_ms, extra={"status": status, "duration_ms": elapsed_ms})
+            telemetry.end_span(span, attributes={"heron.status": status},
+                               error=f"status {status}" if status >= 500 else None)
+
+    def _start_trace(self, msg: Msg, headers: dict[str, str]) -> Any:
+        """The item's spans: ``queue_wait`` (stored in the stream until now: the stream's
+        clock against ours) and ``process`` (current until the item is answered), both
+        children of the gateway's publish span."""
+        parent = telemetry.extract(headers)
+        now = time.time_ns()
+        if msg.metadata is not None and msg.metadata.timestamp is not None:
+            stored = int(msg.metadata.timestamp.timestamp() * 1e9)
+            telemetry.record_span(telemetry.WORKER, "queue_wait", min(stored, now), now,
+                                  parent=parent,
+                                  attributes={"heron.deliveries": msg.metadata.num_delivered
+                                              or 1})
+        return telemetry.start_span(
+            telemetry.WORKER, "process", kind=SpanKind.CONSUMER, parent=parent,
+            attributes={"messaging.system": "nats", "messaging.destination.name": msg.subject,
+                        "heron.request_id": headers.get(Header.REQUEST_ID, ""),
+                        "heron.task": headers.get(Header.TASK, ""),
+                        "heron.model": headers.get(Header.MODEL, ""),
+                        "heron.pool": self.spec.pool,
+                        "heron.item_start": int(headers.get(Header.START, "0")),
+                        "heron.item_count": int(headers.get(Header.COUNT, "0"))})
+
+    async def _handle_item(self, msg: Msg, headers: dict[str, str], received: float) -> int:
+        """Compute and answer one item; the HTTP-like status of what happened (200 answered,
+        4xx/5xx answered with that error, _RETRIED nak'ed for later)."""
         request_id = headers.get(Header.REQUEST_ID, "")
         reply = headers.get(Header.REPLY)
         start = int(headers.get(Header.START, "0"))
@@ -151,38 +201,41 @@ class WorkConsumer:
         async def answer(*, body: dict[str, Any] | None = None,
                          error: HeronError | None = None,
                          timings: dict[str, float] | None = None) -> None:
-            if reply:
-                message = result_message(request_id, start, count, body=body,
-                                         error=None if error is None else
-                                         error.to_body()["error"], timings=timings)
-                if not await self._deliver(reply, wire.encode(message, wire.MSGPACK)):
-                    await msg.nak(delay=1.0)  # not confirmed: compute and send it again
-                    return
-            await msg.ack()
-            self.handled += 1
+            with telemetry.span(telemetry.WORKER, "respond"):
+                if reply:
+                    message = result_message(request_id, start, count, body=body,
+                                             error=None if error is None else
+                                             error.to_body()["error"], timings=timings)
+                    if not await self._deliver(reply, wire.encode(message, wire.MSGPACK)):
+                        await msg.nak(delay=1.0)  # not confirmed: compute and send it again
+                        return
+                await msg.ack()
+                self.handled += 1
 
         if deadline is not None and time.time() >= deadline:
-            await answer(error=HeronError(ErrorCode.DEADLINE_EXCEEDED,
-                                          "deadline passed before a worker took the work"))
-            return
+            error = HeronError(ErrorCode.DEADLINE_EXCEEDED,
+                               "deadline passed before a worker took the work")
+            await answer(error=error)
+            return error.status
         keep_alive = asyncio.get_running_loop().create_task(self._keep_alive(msg))
         try:
             outcome = await self._run(headers, msg.data, deadline)
         except HeronError as exc:
             if exc.code in _RETRY_LATER:
-                await self._retry_later(msg, exc, answer)
-            else:
-                await answer(error=exc)
-            return
+                return await self._retry_later(msg, exc, answer)
+            await answer(error=exc)
+            return exc.status
         except Exception as exc:  # a bug must not lose the item: answer with an error
             log.exception("work item %s failed", request_id)
             await answer(error=HeronError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
-            return
+            return 500
         finally:
             keep_alive.cancel()
-        t = outcome.timings
-        await answer(body=outcome.body, timings={"tokenize": t.tokenize, "queue": t.queue,
-                                                 "inference": t.inference})
+        # "total" is the worker's whole time on the item: the gateway subtracts it from its
+        # wait to tell the time queued in the stream (queue_wait).
+        await answer(body=outcome.body, timings={**outcome.timings.phases(),
+                                                 "total": time.monotonic() - received})
+        return 200
 
     async def _deliver(self, reply: str, data: bytes) -> bool:
         """Send a result and wait for the gateway's confirmation. True: confirmed, or no
@@ -220,7 +273,7 @@ class WorkConsumer:
         call = getattr(self.service, task)  # encode | score | extract, checked above
         return await call(model, request)
 
-    async def _retry_later(self, msg: Msg, exc: HeronError, answer: Any) -> None:
+    async def _retry_later(self, msg: Msg, exc: HeronError, answer: Any) -> int:
         delivered = msg.metadata.num_delivered if msg.metadata else 1
         if delivered >= self.spec.max_deliver:
             # Out of deliveries: keep the item for inspection and tell the caller.
@@ -228,8 +281,9 @@ class WorkConsumer:
             await answer(error=HeronError(
                 exc.code, f"{exc.message} (gave up after {delivered} deliveries)",
                 retry_after_s=exc.retry_after_s))
-            return
+            return exc.status
         await msg.nak(delay=exc.retry_after_s or 1.0)
+        return _RETRIED
 
     async def _keep_alive(self, msg: Msg) -> None:
         while True:

@@ -9,7 +9,7 @@ them: a scrape of any process reports the whole server.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -37,8 +37,9 @@ class WorkerMetrics:
                                 "status", ["route", "model", "status"], registry=r)
         self.latency = Histogram("heron_worker_request_duration_seconds", "Request latency",
                                  ["route", "model"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.phase = Histogram("heron_worker_phase_duration_seconds", "Time per phase "
-                               "(tokenize, queue, inference)", ["phase", "model"],
+        self.phase = Histogram("heron_worker_phase_duration_seconds", "Time per phase of a "
+                               "successful request (tokenize, batch_wait, inference, "
+                               "postprocess)", ["phase", "model"],
                                buckets=_LATENCY_BUCKETS, registry=r)
         self.items = Counter("heron_worker_items_total", "Items computed", ["model"],
                              registry=r)
@@ -77,6 +78,10 @@ class WorkerMetrics:
         self.batch_tokens.labels(model).observe(stats.padded_tokens)
         self.padding_ratio.labels(model).observe(stats.padded_tokens / max(1, stats.real_tokens))
         self.batch_seconds.labels(model).observe(stats.inference_s)
+
+    def observe_phases(self, model: str, phases: Mapping[str, float]) -> None:
+        for phase, seconds in phases.items():
+            self.phase.labels(phase, model).observe(seconds)
 
     def observe_eviction(self, model: str, reason: str) -> None:
         self.evictions.labels(model, reason).inc()

@@ -1,20 +1,25 @@
 """InferenceService: encode, score and extract on top of the registry's runners.
 
-HTTP-free: the worker's HTTP API (and, with #3, its queue consumer) call these with parsed
-requests and get wire-ready dicts plus the request's phase timings.
+HTTP-free: the worker's HTTP API and its queue consumer call these with parsed requests
+and get wire-ready dicts plus the request's phase timings. Each phase is also a span
+(``heron.worker.tokenize``, ``.batch_wait``, ``.inference``, ``.postprocess``) under the
+caller's current span when tracing is on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from sdk import telemetry
 from sdk.errors import ErrorCode, HeronError
 from sdk.modelconfig import ADAPTER_TASKS
+from sdk.server import server_timing
 from sdk.types import (
     EncodeRequest,
     Entity,
@@ -30,20 +35,26 @@ from worker.outputs import quantize, truncate_dims
 from worker.registry import ModelEntry, ModelRegistry
 from worker.runner import ItemResult, ModelRunner
 
+PhaseObserver = Callable[[str, Mapping[str, float]], None]  # (model id, phase -> seconds)
+
 
 @dataclass(slots=True)
 class Timings:
-    """Seconds spent per phase; ``queue`` and ``inference`` are the slowest item's."""
+    """Seconds spent per phase; ``batch_wait`` and ``inference`` are the slowest item's."""
 
     tokenize: float = 0.0
-    queue: float = 0.0
-    inference: float = 0.0
+    batch_wait: float = 0.0  # in the model's batcher queue until its forward pass began
+    inference: float = 0.0  # collate, forward and the adapter's postprocess, per batch
+    postprocess: float = 0.0  # building the response body from the model's outputs
     total: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    def phases(self) -> dict[str, float]:
+        return {"tokenize": self.tokenize, "batch_wait": self.batch_wait,
+                "inference": self.inference, "postprocess": self.postprocess}
 
     def server_timing(self) -> str:
-        phases = {"tokenize": self.tokenize, "queue": self.queue,
-                  "inference": self.inference, "total": self.total}
-        return ", ".join(f"{k};dur={v * 1000:.2f}" for k, v in phases.items())
+        return server_timing({**self.phases(), "total": self.total})
 
 
 @dataclass(slots=True)
@@ -54,8 +65,10 @@ class Outcome:
 
 
 class InferenceService:
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, *,
+                 on_phases: PhaseObserver | None = None) -> None:
         self.registry = registry
+        self._on_phases = on_phases  # metrics: every request's phases, HTTP and queue alike
 
     # ---- the shared path: tokenize, check, batch, infer --------------------------------
     async def _run(self, runner: ModelRunner, inputs: list[TextInput], options: RequestOptions,
@@ -73,7 +86,11 @@ class InferenceService:
                                   ) -> tuple[list[Tokenized], list[ItemResult]]:
         started = time.monotonic()
         deadline = started + options.timeout_s if options.timeout_s else None
-        tokens = await runner.tokenize(inputs)
+        with telemetry.span(telemetry.WORKER, "tokenize",
+                            attributes={"heron.items": len(inputs)}) as span:
+            tokens = await runner.tokenize(inputs)
+            if span is not None:
+                span.set_attribute("heron.tokens", sum(t.length for t in tokens))
         timings.tokenize = time.monotonic() - started
         if not options.truncate:
             for i, t in enumerate(tokens):
@@ -82,6 +99,7 @@ class InferenceService:
                         ErrorCode.INPUT_TOO_LONG,
                         f"items[{i}]: longer than the model's {runner.adapter.max_length} tokens"
                         " and truncate is false", field=f"items[{i}]")
+        submitted = time.monotonic()
         coro = runner.infer(tokens, priority=options.priority, deadline=deadline)
         try:
             if deadline is None:
@@ -92,10 +110,27 @@ class InferenceService:
             raise HeronError(ErrorCode.DEADLINE_EXCEEDED,
                              f"request did not finish within timeout_s={options.timeout_s}"
                              ) from exc
-        timings.queue = max(r.queue_s for r in results)
+        timings.batch_wait = max(r.queue_s for r in results)
         timings.inference = max(r.inference_s for r in results)
-        timings.total = time.monotonic() - started
+        if telemetry.enabled():  # measured by the batcher and the inference thread
+            queued = telemetry.wall_ns(submitted)
+            forward = queued + int(timings.batch_wait * 1e9)
+            telemetry.record_span(telemetry.WORKER, "batch_wait", queued, forward,
+                                  attributes={"heron.priority": options.priority})
+            telemetry.record_span(telemetry.WORKER, "inference", forward,
+                                  forward + int(timings.inference * 1e9))
         return tokens, results
+
+    def _answered(self, model: str, timings: Timings, postprocess_started: float) -> None:
+        """The body is built: close the request's timings (and its postprocess span)."""
+        now = time.monotonic()
+        timings.postprocess = now - postprocess_started
+        timings.total = now - timings.started
+        if telemetry.enabled():
+            telemetry.record_span(telemetry.WORKER, "postprocess",
+                                  telemetry.wall_ns(postprocess_started), telemetry.wall_ns(now))
+        if self._on_phases is not None:
+            self._on_phases(model, timings.phases())
 
     async def _runner_for(self, model: str, task: str) -> tuple[ModelEntry, ModelRunner]:
         entry, runner = await self.registry.acquire(model)
@@ -126,6 +161,7 @@ class InferenceService:
         timings = Timings()
         tokens, results = await self._run(runner, [prefix + i.text for i in req.items],
                                           req.options, timings)
+        postprocess_started = time.monotonic()
         normalize = entry.config.profile.normalize
         enc = req.options.encoding
         items = []
@@ -150,6 +186,7 @@ class InferenceService:
             items.append(out)
         body = {"model": entry.config.id, "items": items,
                 "usage": {"tokens": sum(t.length for t in tokens)}}
+        self._answered(entry.config.id, timings, postprocess_started)
         return Outcome(body, timings, entry.config.id)
 
     # ---- score -------------------------------------------------------------------------
@@ -159,6 +196,7 @@ class InferenceService:
         if runner.adapter.task == "score":
             tokens, results = await self._run(
                 runner, [(req.query, i.text) for i in req.items], req.options, timings)
+            postprocess_started = time.monotonic()
             scores = [float(r.value) for r in results]
             usage_tokens = sum(t.length for t in tokens)
         else:  # bi-encoder: cosine of the query's embedding against each item's
@@ -166,6 +204,7 @@ class InferenceService:
             inputs = [profile.query_instruction + req.query,
                       *(profile.document_instruction + i.text for i in req.items)]
             tokens, results = await self._run(runner, inputs, req.options, timings)
+            postprocess_started = time.monotonic()
             vectors = np.stack([r.value["dense"] for r in results])
             vectors /= np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
             scores = (vectors[1:] @ vectors[0]).astype(float).tolist()
@@ -183,6 +222,7 @@ class InferenceService:
                 row["truncated"] = True
             ranked.append(row)
         body = {"model": entry.config.id, "results": ranked, "usage": {"tokens": usage_tokens}}
+        self._answered(entry.config.id, timings, postprocess_started)
         return Outcome(body, timings, entry.config.id)
 
     # ---- extract -----------------------------------------------------------------------
@@ -191,6 +231,7 @@ class InferenceService:
         timings = Timings()
         tokens, results = await self._run(runner, [i.text for i in req.items], req.options,
                                           timings)
+        postprocess_started = time.monotonic()
         wanted = None if req.labels is None else {x.upper() for x in req.labels}
         items = []
         for item, tok, res in zip(req.items, tokens, results, strict=True):
@@ -204,4 +245,5 @@ class InferenceService:
             items.append(out)
         body = {"model": entry.config.id, "items": items,
                 "usage": {"tokens": sum(t.length for t in tokens)}}
+        self._answered(entry.config.id, timings, postprocess_started)
         return Outcome(body, timings, entry.config.id)

@@ -10,13 +10,50 @@ def test_timing_headers_and_request_id(http: httpx.Client) -> None:
                   headers={"x-request-id": "req-123"})
     assert r.headers["x-request-id"] == "req-123"
     phases = dict(part.strip().split(";dur=") for part in r.headers["server-timing"].split(","))
-    assert set(phases) == {"tokenize", "queue", "inference", "total"}
+    assert list(phases) == ["tokenize", "batch_wait", "inference", "postprocess", "total"]
     assert float(phases["inference"]) > 0
     assert float(phases["total"]) >= float(phases["inference"])
     fresh = http.post("/v1/encode/minilm", json={"items": ["x"]}).headers["x-request-id"]
     assert len(fresh) == 32
     oai = http.post("/v1/embeddings", json={"model": "minilm", "input": "x"})
     assert "server-timing" in oai.headers and oai.headers["x-request-id"]
+
+
+def _phases(response: httpx.Response) -> dict[str, float]:
+    return {name.strip(): float(ms) for name, ms in (
+        part.split(";dur=") for part in response.headers["server-timing"].split(","))}
+
+
+def test_gateway_timing_headers_cover_every_phase(cluster_url: str) -> None:
+    """Through gateway -> JetStream -> worker: the gateway's phases, then the worker's (as
+    the result message reported them), then the gateway's total, in order."""
+    r = httpx.post(cluster_url + "/v1/encode/minilm", json={"items": ["time me", "twice"]},
+                   headers={"x-request-id": "gw-timing-1"}, timeout=60)
+    assert r.status_code == 200 and r.headers["x-request-id"] == "gw-timing-1"
+    phases = _phases(r)
+    assert list(phases) == ["publish", "queue_wait", "tokenize", "batch_wait", "inference",
+                            "postprocess", "total"]
+    assert min(phases.values()) >= 0 and phases["inference"] > 0
+    # the phases follow one another inside the gateway's total (each rounded to 0.01 ms)
+    assert phases["total"] >= sum(v for k, v in phases.items() if k != "total") - 0.1
+    metrics = httpx.get(cluster_url + "/metrics").text
+    for phase in list(phases)[:-1]:
+        assert _value(metrics, "heron_gateway_phase_duration_seconds_count", phase=phase,
+                      model="sentence-transformers/all-MiniLM-L6-v2") >= 1, phase
+
+
+def test_errors_and_replaced_ids_carry_x_request_id(http: httpx.Client,
+                                                    cluster_url: str) -> None:
+    for base in (str(http.base_url), cluster_url):
+        missing = httpx.post(base + "/v1/encode/no-such-model", json={"items": ["x"]},
+                             headers={"x-request-id": "err-1"})
+        assert missing.status_code == 404 and missing.headers["x-request-id"] == "err-1"
+        # an id that could not travel in a NATS header or forge a log line is replaced
+        for bad in ("two words", "x" * 201):
+            r = httpx.post(base + "/v1/encode/minilm", json={"items": ["x"]},
+                           headers={"x-request-id": bad}, timeout=60)
+            assert r.status_code == 200
+            assert r.headers["x-request-id"] != bad and len(r.headers["x-request-id"]) == 32
 
 
 def _value(metrics: str, name: str, **labels: str) -> float:
@@ -45,6 +82,9 @@ def test_metrics_count_requests_by_route_model_and_status(http: httpx.Client) ->
     assert items == 2
     assert _value(after, "heron_worker_models_loaded") >= 1
     assert "heron_worker_phase_duration_seconds_bucket" in after
+    for phase in ("tokenize", "batch_wait", "inference", "postprocess"):
+        assert _value(after, "heron_worker_phase_duration_seconds_count", phase=phase,
+                      model=model) >= 1, phase
     assert "heron_worker_batch_padded_tokens_bucket" in after
 
 
