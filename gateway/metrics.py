@@ -46,6 +46,9 @@ class GatewayMetrics:
                                        "malformed", ["reason"], registry=r)
         self.nats_connected = Gauge("heron_gateway_nats_connected",
                                     "1 while connected to NATS", registry=r)
+        self.config_epoch = Gauge("heron_gateway_config_epoch",
+                                  "Config epoch this gateway has applied (with --config)",
+                                  registry=r)
 
     def forget_pool(self, pool: str) -> None:
         """Drop a pool's per-pool series (a lease ended): a gone pool shows no demand."""

@@ -362,6 +362,8 @@ class GatewayApp:
             self.metrics.pending_demand.labels(pool).set(self.demand.pending(pool))
             self.metrics.healthy_workers.labels(pool).set(len(self.health.healthy(pool)))
         self.metrics.nats_connected.set(1 if self.link.connected else 0)
+        if self.config_sync is not None and self.config_sync.epoch >= 0:
+            self.metrics.config_epoch.set(self.config_sync.epoch)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def config_status(self, request: Request) -> Response:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -64,7 +65,8 @@ class WorkerApp:
         self.registry = ModelRegistry(bundle, device=device, precision=precision,
                                       extra_models=extra_models,
                                       on_batch=self.metrics.observe_batch,
-                                      on_evict=self.metrics.observe_eviction)
+                                      on_evict=self.metrics.observe_eviction,
+                                      on_load=self.metrics.observe_load)
         self.service = InferenceService(self.registry, on_phases=self.metrics.observe_phases)
         self.queue = queue
         self.cluster: WorkerCluster | None = None
@@ -79,7 +81,8 @@ class WorkerApp:
         # With several processes, a scrape reaches one: the others publish their gauges.
         gauges = loop.create_task(self._publish_gauges()) if multiprocess_dir() else None
         if self.queue is not None:
-            self.cluster = WorkerCluster(self.queue, self.registry, self.service)
+            self.cluster = WorkerCluster(self.queue, self.registry, self.service,
+                                         self.metrics)
             await self.cluster.start(self._load_task)
         try:
             yield
@@ -208,6 +211,9 @@ class WorkerApp:
         self.metrics.models_loaded.set(sum(e.state is LoadState.READY
                                            for e in self.registry.entries()))
         self.metrics.resident_bytes.set(self.registry.resident_bytes())
+        self.metrics.resident_memory.set(psutil.Process().memory_info().rss)
+        if self.cluster is not None and self.cluster.config_epoch >= 0:
+            self.metrics.config_epoch.set(self.cluster.config_epoch)
         for e in self.registry.entries():
             if e.runner is not None:
                 self.metrics.queue_depth.labels(e.config.id).set(len(e.runner.batcher))

@@ -15,6 +15,7 @@ from sdk.cluster import WorkStreamSpec
 from sdk.configsync import ConfigFollower, Snapshot
 from sdk.modelconfig import parse_model_config
 from worker.consumer import WorkConsumer
+from worker.metrics import WorkerMetrics
 from worker.registry import ModelRegistry
 from worker.service import InferenceService
 from worker.status import StatusPublisher
@@ -34,8 +35,9 @@ async def connect_nats(url: str, name: str) -> NATS:
 
 class WorkerCluster:
     def __init__(self, queue: QueueMode, registry: ModelRegistry,
-                 service: InferenceService) -> None:
+                 service: InferenceService, metrics: WorkerMetrics | None = None) -> None:
         self.queue = queue
+        self.metrics = metrics
         self.registry = registry
         self.service = service
         self.nc: NATS | None = None
@@ -69,7 +71,8 @@ class WorkerCluster:
             await self.follower.start(self.nc)
         # Consume only once the preloaded models are warm: every nak spends a delivery.
         await asyncio.shield(models_loaded)
-        self.consumer = WorkConsumer(self.nc, self.service, WorkStreamSpec(pool=self.queue.pool))
+        self.consumer = WorkConsumer(self.nc, self.service, WorkStreamSpec(pool=self.queue.pool),
+                                     metrics=self.metrics)
         await self.consumer.start()
         log.info("worker %s consuming pool %s", self.queue.worker_id, self.queue.pool)
 

@@ -41,6 +41,7 @@ from sdk.cluster import (
 from sdk.errors import ErrorCode, HeronError
 from sdk.logs import bind_request
 from sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
+from worker.metrics import WorkerMetrics
 from worker.service import InferenceService, Outcome
 
 log = logging.getLogger("heron.worker.consumer")
@@ -56,7 +57,8 @@ NO_RESPONDERS_BACKOFF_S = (0.25, 0.5, 1.0, 2.0)
 
 class WorkConsumer:
     def __init__(self, nc: NATS, service: InferenceService, spec: WorkStreamSpec, *,
-                 fetch_batch: int = 32, max_in_flight: int = 128) -> None:
+                 fetch_batch: int = 32, max_in_flight: int = 128,
+                 metrics: WorkerMetrics | None = None) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.service = service
@@ -68,6 +70,7 @@ class WorkConsumer:
         self._task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
         self.handled = 0
+        self.metrics = metrics
 
     @property
     def in_flight(self) -> int:
@@ -152,6 +155,9 @@ class WorkConsumer:
         request_id = headers.get(Header.REQUEST_ID, "")
         bind_request(request_id, model=headers.get(Header.MODEL) or None, pool=self.spec.pool)
         span = self._start_trace(msg, headers) if telemetry.enabled() else None
+        if self.metrics is not None and msg.metadata is not None and \
+                (msg.metadata.num_delivered or 1) > 1:
+            self.metrics.redeliveries.labels(self.spec.pool).inc()
         status = 500
         try:
             status = await self._handle_item(msg, headers, received)
@@ -278,6 +284,8 @@ class WorkConsumer:
         if delivered >= self.spec.max_deliver:
             # Out of deliveries: keep the item for inspection and tell the caller.
             await self.js.publish(dlq_subject(self.spec.pool), msg.data, headers=msg.headers)
+            if self.metrics is not None:
+                self.metrics.dead_letters.labels(self.spec.pool).inc()
             await answer(error=HeronError(
                 exc.code, f"{exc.message} (gave up after {delivered} deliveries)",
                 retry_after_s=exc.retry_after_s))

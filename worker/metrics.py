@@ -69,6 +69,26 @@ class WorkerMetrics:
         self.evictions = Counter("heron_worker_model_evictions_total",
                                  "Models unloaded, by reason (memory, budget, idle)",
                                  ["model", "reason"], registry=r)
+        self.loads = Counter("heron_worker_model_loads_total",
+                             "Model loads by result: loaded, retry (transient: memory, a "
+                             "throttled store), failed (permanent)", ["model", "result"],
+                             registry=r)
+        self.load_seconds = Histogram("heron_worker_model_load_duration_seconds",
+                                      "Time to load and warm a model", ["model"],
+                                      buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+                                               300), registry=r)
+        self.redeliveries = Counter("heron_worker_redeliveries_total",
+                                    "JetStream work messages received again (a worker died "
+                                    "or ran past the ack wait)", ["pool"], registry=r)
+        self.dead_letters = Counter("heron_worker_dead_letters_total",
+                                    "Work messages moved to the dead-letter stream", ["pool"],
+                                    registry=r)
+        self.config_epoch = Gauge("heron_worker_config_epoch",
+                                  "Config epoch this worker has applied (cluster workers)",
+                                  registry=r, multiprocess_mode="livemax")
+        self.resident_memory = Gauge("heron_worker_resident_memory_bytes",
+                                     "Resident memory of the worker process(es)", registry=r,
+                                     multiprocess_mode="livesum")
 
         r.register(WeightCacheCollector())
 
@@ -85,6 +105,11 @@ class WorkerMetrics:
 
     def observe_eviction(self, model: str, reason: str) -> None:
         self.evictions.labels(model, reason).inc()
+
+    def observe_load(self, model: str, result: str, seconds: float) -> None:
+        self.loads.labels(model, result).inc()
+        if result == "loaded":
+            self.load_seconds.labels(model).observe(seconds)
 
     def render(self) -> bytes:
         if not multiprocess_dir():
@@ -111,23 +136,24 @@ class WeightCacheCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         stats = weight_cache_stats()
         for name, doc, values in (
-                ("heron_weight_cache_hits", "Weight resolutions served, by tier", stats.hits),
-                ("heron_weight_cache_misses", "Tiers looked in without the model",
+                ("heron_worker_weight_cache_hits", "Weight resolutions served, by tier",
+                 stats.hits),
+                ("heron_worker_weight_cache_misses", "Tiers looked in without the model",
                  stats.misses),
-                ("heron_weight_cache_errors", "Tiers that failed to answer", stats.errors),
-                ("heron_weight_cache_downloaded_bytes", "Bytes fetched, by tier",
+                ("heron_worker_weight_cache_errors", "Tiers that failed to answer", stats.errors),
+                ("heron_worker_weight_cache_downloaded_bytes", "Bytes fetched, by tier",
                  stats.downloaded_bytes)):
             family = CounterMetricFamily(name, doc, labels=["tier"])
             for tier, value in sorted(values.items()):
                 family.add_metric([tier], value)
             yield family
         for name, doc, value in (
-                ("heron_weight_cache_evictions", "Local cache directories removed (LRU)",
+                ("heron_worker_weight_cache_evictions", "Local cache directories removed (LRU)",
                  stats.evictions),
-                ("heron_weight_cache_evicted_bytes", "Bytes removed from the local cache",
+                ("heron_worker_weight_cache_evicted_bytes", "Bytes removed from the local cache",
                  stats.evicted_bytes),
-                ("heron_weight_s3_uploads", "Read-through uploads to the S3 cache",
+                ("heron_worker_weight_s3_uploads", "Read-through uploads to the S3 cache",
                  stats.s3_uploads),
-                ("heron_weight_s3_upload_failures", "Read-through uploads that failed",
+                ("heron_worker_weight_s3_upload_failures", "Read-through uploads that failed",
                  stats.s3_upload_failures)):
             yield CounterMetricFamily(name, doc, value=value)

@@ -135,10 +135,12 @@ class ModelRegistry:
                  tokenize_threads: int | None = None,
                  on_batch: Callable[[str, BatchStats], None] | None = None,
                  memory: MemoryPolicy | None = None,
-                 on_evict: Callable[[str, str], None] | None = None) -> None:
+                 on_evict: Callable[[str, str], None] | None = None,
+                 on_load: Callable[[str, str, float], None] | None = None) -> None:
         self.bundle = bundle
         self.memory = memory or MemoryPolicy.from_env()
         self._on_evict = on_evict
+        self._on_load = on_load  # (model id, "loaded" | "retry" | "failed", seconds)
         self._monitor: asyncio.Task | None = None
         self.device_override = device
         self.precision_override = precision
@@ -278,6 +280,7 @@ class ModelRegistry:
             entry.retry_at = time.monotonic() + retry_s
             log.warning("model %s cannot load now (retrying on demand in %.0fs): %s",
                         config.id, retry_s, entry.error)
+            self._loaded(config.id, "retry", started)
             gc.collect()
             return
         except Exception as exc:
@@ -285,6 +288,7 @@ class ModelRegistry:
             entry.state = LoadState.FAILED
             entry.error = f"{type(exc).__name__}: {exc}"
             log.error("model %s failed to load: %s", config.id, entry.error)
+            self._loaded(config.id, "failed", started)
             return
         runner.start()
         entry.runner, entry.retry_at, entry.error = runner, None, None
@@ -294,6 +298,11 @@ class ModelRegistry:
         entry.state, entry.loaded_once = LoadState.READY, True
         log.info("model %s ready on %s in %.1fs (%.0f MB)", config.id, entry.device,
                  entry.load_seconds, entry.resident_bytes / 1e6)
+        self._loaded(config.id, "loaded", started)
+
+    def _loaded(self, model: str, result: str, started: float) -> None:
+        if self._on_load is not None:
+            self._on_load(model, result, time.monotonic() - started)
 
     def _load_blocking(self, entry: ModelEntry, path: Any) -> ModelRunner:
         config = entry.config

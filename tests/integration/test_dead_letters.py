@@ -21,6 +21,7 @@ from sdk.cluster import (
 from sdk.errors import ErrorCode, HeronError
 from tests.nats_server import NatsServer
 from worker.consumer import WorkConsumer
+from worker.metrics import WorkerMetrics
 
 
 class ForeverLoading:
@@ -41,7 +42,8 @@ async def test_out_of_deliveries_goes_to_dlq_and_the_caller_hears(
     spec = WorkStreamSpec(pool=pool, max_deliver=3, ack_wait_s=2.0)
     nc = await nats.connect(nats_server.url)
     service = ForeverLoading()
-    consumer = WorkConsumer(nc, service, spec)  # type: ignore[arg-type]
+    metrics = WorkerMetrics()
+    consumer = WorkConsumer(nc, service, spec, metrics=metrics)  # type: ignore[arg-type]
     await consumer.start()
     try:
         js = nc.jetstream()
@@ -64,6 +66,10 @@ async def test_out_of_deliveries_goes_to_dlq_and_the_caller_hears(
         dead = await js.get_last_msg(DLQ_STREAM, dlq_subject(pool))
         assert dead.data == body and dead.headers["Heron-Request-Id"] == "r1"
         assert (await js.stream_info(work_stream(pool))).state.messages == 0
+        # what an operator's dashboard shows: two redeliveries, then one dead letter
+        text = metrics.render().decode()
+        assert f'heron_worker_redeliveries_total{{pool="{pool}"}} 2.0' in text
+        assert f'heron_worker_dead_letters_total{{pool="{pool}"}} 1.0' in text
     finally:
         await consumer.drain()
         await nc.close()

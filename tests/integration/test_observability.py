@@ -93,3 +93,13 @@ def test_health_and_readiness(http: httpx.Client) -> None:
     ready = http.get("/readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
     assert set(ready.json()["models"].values()) == {"ready"}
+
+
+def test_worker_reports_loads_and_memory(http: httpx.Client) -> None:
+    metrics = http.get("/metrics").text
+    minilm = "sentence-transformers/all-MiniLM-L6-v2"
+    assert _value(metrics, "heron_worker_model_loads_total", model=minilm,
+                  result="loaded") >= 1
+    assert _value(metrics, "heron_worker_model_load_duration_seconds_count",
+                  model=minilm) >= 1
+    assert _value(metrics, "heron_worker_resident_memory_bytes") > 100e6  # MiniLM alone is 90

@@ -76,6 +76,10 @@ def test_lazy_load_then_serve_and_load_failure_is_502(tmp_path: Path,
             assert http.post("/v1/encode/minilm", json={"items": ["fine"]}).status_code == 200
             model = http.get("/v1/models/t/broken").json()
             assert model["state"] == "failed" and model["error"]
+            metrics = http.get("/metrics").text
+            assert 'heron_worker_model_loads_total{model="t/broken",result="failed"} 1.0' \
+                in metrics
+            assert 'heron_worker_model_loads_total{model="t/lazy",result="loaded"} 1.0' in metrics
         # The SDK waits out MODEL_LOADING (503 + Retry-After) and returns the vectors...
         with Client(server.url, timeout=30) as client:
             assert client.encode("t/lazy-sdk", ["wake up"]).dense.shape == (1, 32)
