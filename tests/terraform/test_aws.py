@@ -19,7 +19,11 @@ def test_gpu_node_group_scales_to_zero_and_is_tainted(aws):
     assert gpu["labels"] == "${var.gpu_node_labels}"
     assert aws["variable"]["gpu_node_labels"]["default"]
     # Scale-from-zero: the autoscaler learns the taint of a node that does not exist yet.
-    assert "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu" in gpu["tags"]
+    asg_tags = aws["locals"]["gpu_asg_tags"]
+    assert "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu" in asg_tags
+    asg_tag = aws["resource.aws_autoscaling_group_tag"]["gpu"]
+    assert asg_tag["for_each"] == "${local.gpu_asg_tags}"
+    assert "aws_eks_node_group.gpu" in asg_tag["autoscaling_group_name"]
 
 
 def test_cpu_node_group_is_untainted_and_keeps_a_node(aws):

@@ -68,3 +68,12 @@ def test_bucket_iam_is_object_level_on_the_heron_bucket(gcp):
         assert body["member"] == "serviceAccount:${google_service_account.nodes.email}"
         assert "admin" not in body["for_each"].lower()
         assert "roles/owner" not in body["for_each"] and "roles/editor" not in body["for_each"]
+
+
+def test_hmac_key_is_opt_in(gcp):
+    """The HMAC key's secret lands in the Terraform state: only on request."""
+    assert gcp["variable"]["create_hmac_key"]["default"] is False
+    key = gcp["resource.google_storage_hmac_key"]["heron"]
+    assert key["count"] == "${var.create_hmac_key ? 1 : 0}"
+    assert key["service_account_email"] == "${google_service_account.heron.email}"
+    assert gcp["output"]["hmac_secret"]["sensitive"] is True

@@ -1,5 +1,6 @@
 data "aws_caller_identity" "current" {}
 data "aws_partition" "current" {}
+data "aws_region" "current" {}
 
 locals {
   partition = data.aws_partition.current.partition
@@ -34,6 +35,28 @@ data "aws_iam_policy_document" "kms" {
       identifiers = ["arn:${local.partition}:iam::${data.aws_caller_identity.current.account_id}:root"]
     }
   }
+
+  # CloudWatch Logs encrypts the control-plane log group with this key.
+  statement {
+    sid = "CloudWatchLogsUse"
+    actions = [
+      "kms:Encrypt*",
+      "kms:Decrypt*",
+      "kms:ReEncrypt*",
+      "kms:GenerateDataKey*",
+      "kms:Describe*",
+    ]
+    resources = ["*"]
+    principals {
+      type        = "Service"
+      identifiers = ["logs.${data.aws_region.current.name}.amazonaws.com"]
+    }
+    condition {
+      test     = "ArnEquals"
+      variable = "kms:EncryptionContext:aws:logs:arn"
+      values   = ["arn:${local.partition}:logs:${data.aws_region.current.name}:${data.aws_caller_identity.current.account_id}:log-group:/aws/eks/${var.name}/cluster"]
+    }
+  }
 }
 
 # --- control plane ------------------------------------------------------------------------
@@ -57,6 +80,20 @@ resource "aws_iam_role" "cluster" {
 resource "aws_iam_role_policy_attachment" "cluster" {
   role       = aws_iam_role.cluster.name
   policy_arn = "arn:${local.partition}:iam::aws:policy/AmazonEKSClusterPolicy"
+}
+
+# Envelope encryption of Kubernetes secrets with the module's key.
+data "aws_iam_policy_document" "cluster_kms" {
+  statement {
+    actions   = ["kms:Encrypt", "kms:Decrypt", "kms:ListGrants", "kms:DescribeKey"]
+    resources = [aws_kms_key.this.arn]
+  }
+}
+
+resource "aws_iam_role_policy" "cluster_kms" {
+  name   = "secrets-encryption"
+  role   = aws_iam_role.cluster.id
+  policy = data.aws_iam_policy_document.cluster_kms.json
 }
 
 resource "aws_cloudwatch_log_group" "cluster" {
@@ -98,6 +135,7 @@ resource "aws_eks_cluster" "this" {
 
   depends_on = [
     aws_iam_role_policy_attachment.cluster,
+    aws_iam_role_policy.cluster_kms,
     aws_cloudwatch_log_group.cluster,
   ]
 
@@ -201,9 +239,20 @@ resource "aws_eks_node_group" "gpu" {
     max_unavailable = 1
   }
 
-  # Scale-from-zero: with no node to look at, the cluster autoscaler learns the labels,
-  # taints and GPU count of a future node from these ASG tags.
-  tags = merge(local.tags, {
+  tags = local.tags
+
+  lifecycle {
+    ignore_changes = [scaling_config[0].desired_size]
+  }
+
+  depends_on = [aws_iam_role_policy_attachment.node]
+}
+
+# Scale-from-zero: with no GPU node to look at, the cluster autoscaler learns the labels,
+# taint and GPU count of a future node from tags on the node group's Auto Scaling group
+# (EKS does not copy node group tags there, hence aws_autoscaling_group_tag).
+locals {
+  gpu_asg_tags = merge({
     "k8s.io/cluster-autoscaler/enabled"                                = "true"
     "k8s.io/cluster-autoscaler/${var.name}"                            = "owned"
     "k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu"     = "true:NoSchedule"
@@ -211,10 +260,16 @@ resource "aws_eks_node_group" "gpu" {
     }, {
     for k, v in var.gpu_node_labels : "k8s.io/cluster-autoscaler/node-template/label/${k}" => v
   })
+}
 
-  lifecycle {
-    ignore_changes = [scaling_config[0].desired_size]
+resource "aws_autoscaling_group_tag" "gpu" {
+  for_each = local.gpu_asg_tags
+
+  autoscaling_group_name = aws_eks_node_group.gpu.resources[0].autoscaling_groups[0].name
+
+  tag {
+    key                 = each.key
+    value               = each.value
+    propagate_at_launch = false
   }
-
-  depends_on = [aws_iam_role_policy_attachment.node]
 }

@@ -47,7 +47,7 @@ data "aws_iam_policy_document" "irsa_assume" {
 resource "aws_iam_role" "irsa" {
   for_each = local.irsa
 
-  name               = "${var.name}-heron-${each.key}"
+  name               = "${var.name}-${each.key}" # heron-worker, heron-config by default
   assume_role_policy = data.aws_iam_policy_document.irsa_assume[each.key].json
   tags               = local.tags
 }
