@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from sdk.cluster import MAX_ITEMS_PER_WORK_ITEM, MAX_TOKENS_PER_WORK_ITEM, WorkStreamSpec
+from sdk.cluster import (
+    MAX_ITEMS_PER_WORK_ITEM,
+    MAX_TOKENS_PER_WORK_ITEM,
+    WorkStreamSpec,
+    stream_replicas,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +39,7 @@ class GatewaySettings:
     max_items_per_work_item: int = MAX_ITEMS_PER_WORK_ITEM
     max_tokens_per_work_item: int = MAX_TOKENS_PER_WORK_ITEM
     # How the gateway declares work streams when it starts first (workers use the same spec).
-    stream_replicas: int = 1
+    stream_replicas: int = field(default_factory=stream_replicas)  # HERON_STREAM_REPLICAS
     stream_file_storage: bool = True
 
     def stream_spec(self, pool: str) -> WorkStreamSpec:

@@ -7,9 +7,10 @@ that whichever side starts first creates them, identically.
 
 from __future__ import annotations
 
+import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -115,12 +116,19 @@ class Header:
 
 
 # ---- stream and consumer definitions ----------------------------------------------------------
+def stream_replicas() -> int:
+    """Replicas of every stream and KV bucket Heron declares: HERON_STREAM_REPLICAS, 1 by
+    default (one nats-server); 3 on a 3-node JetStream cluster (deploy/k8s sets it). Every
+    process that declares a stream must see the same value (ensure_work_stream compares)."""
+    return int(os.environ.get("HERON_STREAM_REPLICAS", "1"))
+
+
 @dataclass(frozen=True, slots=True)
 class WorkStreamSpec:
     """Everything a pool's work stream and its consumer are declared with."""
 
     pool: str
-    replicas: int = 1
+    replicas: int = field(default_factory=stream_replicas)
     file_storage: bool = True  # nothing queued is lost when NATS restarts
     max_age_s: float = 3600.0
     max_bytes: int = 1 << 30
@@ -171,14 +179,14 @@ async def ensure_dlq_stream(js: JetStreamContext, file_storage: bool = True) -> 
     config = StreamConfig(name=DLQ_STREAM, subjects=["heron.dlq.>"],
                           retention=RetentionPolicy.LIMITS,
                           storage=StorageType.FILE if file_storage else StorageType.MEMORY,
-                          max_age=7 * 24 * 3600.0)
+                          max_age=7 * 24 * 3600.0, num_replicas=stream_replicas())
     try:
         await js.stream_info(DLQ_STREAM)
     except NotFoundError:
         await js.add_stream(config)
 
 
-async def ensure_pools_bucket(js: JetStreamContext, replicas: int = 1) -> KeyValue:
+async def ensure_pools_bucket(js: JetStreamContext, replicas: int | None = None) -> KeyValue:
     """The ``heron_pools`` KV bucket, created if missing (idempotent): one value per key,
     file storage, and per-key TTLs whose expiry the server announces to watchers with a
     delete marker (``limit_marker_ttl``), so every gateway and autoscaler sees a lease end."""
@@ -187,7 +195,8 @@ async def ensure_pools_bucket(js: JetStreamContext, replicas: int = 1) -> KeyVal
     except BucketNotFoundError:
         # Two processes may both get here: the server accepts an identical stream twice.
         return await js.create_key_value(KeyValueConfig(
-            bucket=POOLS_BUCKET, history=1, storage=StorageType.FILE, replicas=replicas,
+            bucket=POOLS_BUCKET, history=1, storage=StorageType.FILE,
+            replicas=stream_replicas() if replicas is None else replicas,
             limit_marker_ttl=POOLS_MARKER_TTL_S,
             description="Heron leased pools: key = pool name, value = lease, TTL = lease"))
 
@@ -257,9 +266,10 @@ def config_delta(*, epoch: int, model: dict[str, Any], bundles: list[str],
 
 
 async def ensure_config_stream(js: JetStreamContext, file_storage: bool = True,
-                               replicas: int = 1) -> None:
+                               replicas: int | None = None) -> None:
     config = StreamConfig(name=CONFIG_STREAM, subjects=[CONFIG_SUBJECTS],
-                          retention=RetentionPolicy.LIMITS, num_replicas=replicas,
+                          retention=RetentionPolicy.LIMITS,
+                          num_replicas=stream_replicas() if replicas is None else replicas,
                           storage=StorageType.FILE if file_storage else StorageType.MEMORY,
                           max_age=30 * 24 * 3600.0)
     try:

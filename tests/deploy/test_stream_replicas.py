@@ -1,0 +1,93 @@
+"""HERON_STREAM_REPLICAS=3, as deploy/k8s sets it, on a real 3-node JetStream cluster:
+every stream and bucket Heron declares gets three replicas, and a worker declaring the
+same work stream after the gateway finds no mismatch."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import nats
+import pytest
+
+from gateway.settings import GatewaySettings
+from sdk.cluster import (
+    CONFIG_STREAM,
+    DLQ_STREAM,
+    POOLS_BUCKET,
+    WorkStreamSpec,
+    ensure_config_stream,
+    ensure_dlq_stream,
+    ensure_pools_bucket,
+    ensure_work_stream,
+    work_stream,
+)
+from tests.nats_server import nats_binary
+from tests.servers import free_port
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path):
+    client = [free_port() for _ in range(3)]
+    routes = [free_port() for _ in range(3)]
+    procs = []
+    for i in range(3):
+        peers = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(routes) if j != i)
+        log = open(tmp_path / f"n{i}.log", "wb")  # noqa: SIM115 (closed with the process)
+        procs.append((subprocess.Popen(
+            [nats_binary(), "-a", "127.0.0.1", "-p", str(client[i]), "-js",
+             "-sd", str(tmp_path / f"n{i}"), "-n", f"n{i}", "--cluster_name", "heron",
+             "--cluster", f"nats://127.0.0.1:{routes[i]}", "--routes", peers],
+            stdout=log, stderr=subprocess.STDOUT), log))
+    try:
+        yield [f"nats://127.0.0.1:{p}" for p in client]
+    finally:
+        for proc, _log in procs:
+            proc.terminate()
+        for proc, log in procs:
+            proc.wait(10)
+            log.close()
+
+
+async def _connect(urls: list[str]):
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            nc = await nats.connect(servers=urls, connect_timeout=1, max_reconnect_attempts=1)
+            js = nc.jetstream()
+            await js.account_info()  # answers once the cluster has a meta leader
+            return nc, js
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def test_streams_and_buckets_get_three_replicas(nats_cluster, monkeypatch):
+    monkeypatch.setenv("HERON_STREAM_REPLICAS", "3")
+    nc, js = await _connect(nats_cluster)
+    try:
+        # The gateway first; right after start-up the cluster may not have all three peers
+        # yet ("insufficient resources"), so its first declaration is retried briefly.
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                await ensure_work_stream(js, GatewaySettings().stream_spec("default"))
+                break
+            except nats.errors.Error:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+        await ensure_work_stream(js, WorkStreamSpec(pool="default"))  # a worker, after it
+        await ensure_dlq_stream(js)
+        await ensure_config_stream(js)
+        await ensure_pools_bucket(js)
+        for stream in (work_stream("default"), DLQ_STREAM, CONFIG_STREAM,
+                       f"KV_{POOLS_BUCKET}"):
+            info = await js.stream_info(stream)
+            assert info.config.num_replicas == 3, stream
+            assert info.cluster is not None and len(info.cluster.replicas or []) == 2, stream
+    finally:
+        await nc.close()
