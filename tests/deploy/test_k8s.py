@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
 from heron.cli import build_parser
 from sdk.cluster import WorkStreamSpec, work_consumer, work_stream
@@ -223,11 +224,26 @@ def test_gateway_scales_with_an_hpa_and_keeps_a_pdb(overlay):
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": "heron-gateway"}
     assert 1 <= hpa["spec"]["minReplicas"] < hpa["spec"]["maxReplicas"]
+    # Requests per second, the metric the shipped prometheus-adapter rule exposes.
+    pods = [m["pods"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    assert [p["metric"]["name"] for p in pods] == [ADAPTER_METRIC]
     pdb = by_kind(docs, "PodDisruptionBudget")["heron-gateway"]
     assert matches(pdb["spec"]["selector"]["matchLabels"], labels)
     # A PDB that allows no disruption at the HPA's minimum would block every node drain.
     if "minAvailable" in pdb["spec"]:
         assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
+
+
+ADAPTER_METRIC = "heron_gateway_requests_per_second"
+
+
+def test_prometheus_adapter_rule_exposes_the_hpa_metric_from_a_real_counter():
+    values = yaml.safe_load((ROOT / "deploy/k8s/prometheus-adapter-values.yaml").read_text())
+    (rule,) = values["rules"]["custom"]
+    assert rule["name"]["as"] == ADAPTER_METRIC
+    counter = re.search(r"heron_[a-z_]+", rule["seriesQuery"]).group(0)
+    assert f"# TYPE {counter} counter" in GatewayMetrics().render().decode()
+    assert "rate(" in rule["metricsQuery"]
 
 
 def _pools(docs):
