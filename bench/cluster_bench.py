@@ -33,7 +33,7 @@ from bench.ceiling import best_ceiling
 from bench.load import run_wrk, write_bodies
 from bench.server import REPO, free_port, http
 from bench.texts import LONG_TAIL, build_workload
-from heron.cli import serve_processes, usable_cpus
+from heron.cli import serve_processes, threads_per_process
 
 
 def log(message: str) -> None:
@@ -98,7 +98,7 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1) -> di
                               "cpu_count": os.cpu_count(), "duration_s": duration,
                               "workload": "8-256 tokens (LONG_TAIL)" if long_tail
                               else "8-128 tokens"}
-    threads = 0 if workers == 1 else max(1, usable_cpus() // workers)
+    threads = 0 if workers == 1 else threads_per_process(workers)
     result.update(workers=workers, threads_per_worker=threads or "torch default")
 
     log(f"MiniLM: {workers} worker(s); gateway path" + (" and direct" if workers == 1 else ""))

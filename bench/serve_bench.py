@@ -32,7 +32,7 @@ from bench.ceiling import best_ceiling
 from bench.load import find_wrk, run_wrk, write_bodies
 from bench.server import Server, http, start_server
 from bench.texts import LONG_TAIL, Workload, build_workload
-from heron.cli import serve_processes, usable_cpus
+from heron.cli import serve_processes, threads_per_process
 
 MODEL = "minilm"
 DEFAULT_OUT = Path(__file__).with_name("results")
@@ -63,7 +63,7 @@ class Settings:
         processes = serve_processes(self.workers, "auto")
         if processes == 1:
             return 1, self.threads
-        return processes, self.threads or max(1, usable_cpus() // processes)
+        return processes, self.threads or threads_per_process(processes)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Settings:

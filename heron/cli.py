@@ -77,7 +77,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     load_bundle(args.bundle)  # a bad bundle fails here, not in every process
-    args.threads = args.threads or max(1, usable_cpus() // processes)
+    args.threads = args.threads or threads_per_process(processes)
     log = logging.getLogger("heron.serve")
     with tempfile.TemporaryDirectory(prefix="heron-metrics-") as metrics_dir:
         # Inherited by the processes uvicorn spawns: their arguments and shared metrics.
@@ -111,6 +111,11 @@ def usable_cpus() -> int:
     except (OSError, ValueError):
         pass
     return cpus
+
+
+def threads_per_process(processes: int) -> int:
+    """Torch threads each of ``processes`` server processes gets: the usable CPUs split."""
+    return max(1, usable_cpus() // processes)
 
 
 def serve_processes(workers: str, device: str) -> int:

@@ -29,6 +29,7 @@ import pytest
 import yaml
 from hypothesis import settings
 
+from tests.cluster_procs import ConfigProcess
 from tests.gateway_harness import GatewayThread, start_worker, unique
 from tests.nats_server import NatsServer
 from tests.servers import REPO, ServerProcess, start_serve
@@ -100,6 +101,15 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
     server = NatsServer(tmp_path_factory.mktemp("nats")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture()
+def config_service(nats_server: NatsServer, tmp_path: Path) -> Iterator[ConfigProcess]:
+    """A `heron config` process with a fresh store, on the session's nats-server."""
+    service = ConfigProcess(nats_server.url, str(tmp_path / "store"), tmp_path)
+    service.wait_ready()
+    yield service
+    service.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """Build Heron's Grafana dashboards (JSON, schema 39) from the panel lists below.
 
     python deploy/grafana/generate.py        # rewrites deploy/grafana/dashboards/*.json
+                                             # and their copies in deploy/k8s/base
 
 Every query names only metrics the gateway, workers and config service export
 (docs/metrics.md); tests/integration/test_dashboards.py checks that against live
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path(__file__).with_name("dashboards")
+# Kustomize reads no file above its own folder: the k8s base ships a copy of each board.
+K8S_COPY = Path(__file__).resolve().parents[1] / "k8s" / "base" / "monitoring" / "dashboards"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 # (title, unit, [(PromQL, legend)]) per panel; two panels per row.
@@ -136,10 +139,11 @@ DASHBOARDS = {
 
 
 def main() -> None:
-    OUT.mkdir(exist_ok=True)
-    for name, board in DASHBOARDS.items():
-        (OUT / name).write_text(json.dumps(board, indent=2) + "\n")
-        print(f"wrote {OUT / name}")
+    for folder in (OUT, K8S_COPY):
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, board in DASHBOARDS.items():
+            (folder / name).write_text(json.dumps(board, indent=2) + "\n")
+            print(f"wrote {folder / name}")
 
 
 if __name__ == "__main__":

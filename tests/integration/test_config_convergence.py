@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -38,19 +38,11 @@ def model_ids(gateway: GatewayProcess) -> set[str]:
     return {m["id"] for m in r.json()["data"]} if r.status_code == 200 else set()
 
 
-@pytest.fixture()
-def config(nats_server: NatsServer, tmp_path: Path) -> Iterator[ConfigProcess]:
-    service = ConfigProcess(nats_server.url, str(tmp_path / "store"), tmp_path)
-    service.wait_ready()
-    yield service
-    service.stop()
-
-
 def test_post_routes_within_a_second_and_serves_without_restart(
-        nats_server: NatsServer, config: ConfigProcess, tmp_path: Path,
+        nats_server: NatsServer, config_service: ConfigProcess, tmp_path: Path,
         tiny_models: dict[str, Path]) -> None:
     pool = f"c{uuid.uuid4().hex[:8]}"
-    args = ["--config", config.url]
+    args = ["--config", config_service.url]
     worker = WorkerProcess(nats_server.url, pool, tmp_path, extra_args=args)
     gateway = GatewayProcess(nats_server.url, {"default": pool}, tmp_path, extra_args=args,
                              extra_env=RESYNC)
@@ -60,7 +52,7 @@ def test_post_routes_within_a_second_and_serves_without_restart(
         assert "sentence-transformers/all-MiniLM-L6-v2" in model_ids(gateway)
         model_id = f"live/{uuid.uuid4().hex[:6]}"
         posted = time.monotonic()
-        r = httpx.post(config.url + "/v1/configs/models",
+        r = httpx.post(config_service.url + "/v1/configs/models",
                        json=tiny_config(model_id, tiny_models["tiny-sentencepiece"]))
         assert r.status_code == 201, r.text
         wait(lambda: model_id in model_ids(gateway), timeout_s=10)
@@ -87,30 +79,30 @@ def test_post_routes_within_a_second_and_serves_without_restart(
         gateway.stop()
 
 
-def test_late_and_cut_off_gateways_converge(nats_server: NatsServer, config: ConfigProcess,
+def test_late_and_cut_off_gateways_converge(nats_server: NatsServer, config_service: ConfigProcess,
                                             tmp_path: Path,
                                             tiny_models: dict[str, Path]) -> None:
     pool = f"c{uuid.uuid4().hex[:8]}"
     proxy = TcpProxy(nats_server.port).open()
     cut_off = GatewayProcess(proxy.url, {"default": pool}, tmp_path,
-                             extra_args=["--config", config.url], extra_env=RESYNC)
+                             extra_args=["--config", config_service.url], extra_env=RESYNC)
     try:
         cut_off.wait_ready()
         proxy.cut()  # this gateway loses NATS: it will miss every delta below
         ids = [f"batch/{uuid.uuid4().hex[:6]}-{i}" for i in range(10)]
         for model_id in ids:
-            r = httpx.post(config.url + "/v1/configs/models",
+            r = httpx.post(config_service.url + "/v1/configs/models",
                            json=tiny_config(model_id, tiny_models["tiny-dense-cls"]))
             assert r.status_code == 201, r.text
         late = GatewayProcess(nats_server.url, {"default": pool}, tmp_path,
-                              extra_args=["--config", config.url], extra_env=RESYNC)
+                              extra_args=["--config", config_service.url], extra_env=RESYNC)
         try:
             late.wait_ready()
             wait(lambda: set(ids) <= model_ids(late), timeout_s=30)
             proxy.open()
             wait(lambda: set(ids) <= model_ids(cut_off), timeout_s=30)
             assert model_ids(late) == model_ids(cut_off)
-            epoch = httpx.get(config.url + "/v1/configs/epoch").json()["epoch"]
+            epoch = httpx.get(config_service.url + "/v1/configs/epoch").json()["epoch"]
             for gw in (late, cut_off):
                 status = httpx.get(gw.url + f"/v1/configs/models/{ids[-1]}/status").json()
                 assert status.get("epoch") == epoch, status

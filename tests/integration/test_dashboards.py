@@ -5,14 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.cluster_procs import ConfigProcess
-from tests.nats_server import NatsServer
 from tests.servers import REPO
 
 GRAFANA = REPO / "deploy" / "grafana"
@@ -37,14 +33,6 @@ def exported_names(text: str) -> set[str]:
         elif line and not line.startswith("#"):
             names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
     return names
-
-
-@pytest.fixture()
-def config_service(nats_server: NatsServer, tmp_path: Path) -> Iterator[ConfigProcess]:
-    service = ConfigProcess(nats_server.url, str(tmp_path / "store"), tmp_path)
-    service.wait_ready()
-    yield service
-    service.stop()
 
 
 def test_dashboards_are_generated_and_well_formed() -> None:
