@@ -14,7 +14,7 @@ from nats.aio.client import Client as NATS
 from sdk.cluster import WorkStreamSpec
 from sdk.configsync import ConfigFollower, Snapshot
 from sdk.modelconfig import parse_model_config
-from worker.consumer import WorkConsumer
+from worker.consumer import WorkConsumer, fetch_lookahead_from_env
 from worker.metrics import WorkerMetrics
 from worker.registry import ModelRegistry
 from worker.service import InferenceService
@@ -72,6 +72,7 @@ class WorkerCluster:
         # Consume only once the preloaded models are warm: every nak spends a delivery.
         await asyncio.shield(models_loaded)
         self.consumer = WorkConsumer(self.nc, self.service, WorkStreamSpec(pool=self.queue.pool),
+                                     lookahead_items=fetch_lookahead_from_env(),
                                      metrics=self.metrics)
         await self.consumer.start()
         log.info("worker %s consuming pool %s", self.queue.worker_id, self.queue.pool)

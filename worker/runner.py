@@ -66,6 +66,7 @@ class ModelRunner:
         self._trimmer = HeapTrimmer()
         self._task: asyncio.Task | None = None
         self.in_flight = 0
+        self.in_forward = 0  # items of the batch on the inference thread now
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -126,9 +127,13 @@ class ModelRunner:
         loop = asyncio.get_running_loop()
         while True:
             batch = await self.batcher.next_batch()
+            self.in_forward = len(batch)
             future = loop.run_in_executor(self._infer_pool, self._run_batch,
                                           [w.payload for w in batch])
-            await self._deliver(batch, future)
+            try:
+                await self._deliver(batch, future)
+            finally:
+                self.in_forward = 0
 
     async def _deliver(self, batch: list[WorkItem], future: asyncio.Future) -> None:
         try:
@@ -142,13 +147,19 @@ class ModelRunner:
             return
         inference_s = ended - started
         real = sum(w.length for w in batch)
-        computed = real if self.adapter.packed else max(w.length for w in batch) * len(batch)
+        computed = self._computed_tokens(batch)
         self.batcher.cost.observe(computed, inference_s)
         for w, value in zip(batch, values, strict=True):
             if not w.future.done():
                 w.future.set_result(ItemResult(value, started - w.enqueued_at, inference_s))
         if self._on_batch is not None:
             self._on_batch(BatchStats(len(batch), computed, real, inference_s))
+
+    def _computed_tokens(self, batch: list[WorkItem]) -> int:
+        """Tokens the forward pass computes: the real ones packed, longest x items padded."""
+        if self.adapter.packed:
+            return sum(w.length for w in batch)
+        return max(w.length for w in batch) * len(batch)
 
     def _run_batch(self, items: list[Tokenized]) -> tuple[list[Any], float, float]:
         """Collate, forward, postprocess: on the inference thread. Times are measured here

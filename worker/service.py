@@ -70,6 +70,10 @@ class InferenceService:
         self.registry = registry
         self._on_phases = on_phases  # metrics: every request's phases, HTTP and queue alike
 
+    def items_in_forward(self) -> int:
+        """Items in a forward pass right now, over all models."""
+        return sum(e.runner.in_forward for e in self.registry.entries() if e.runner)
+
     # ---- the shared path: tokenize, check, batch, infer --------------------------------
     async def _run(self, runner: ModelRunner, inputs: list[TextInput], options: RequestOptions,
                    timings: Timings) -> tuple[list[Tokenized], list[ItemResult]]:

@@ -30,6 +30,9 @@ class ForeverLoading:
     def __init__(self) -> None:
         self.calls = 0
 
+    def items_in_forward(self) -> int:
+        return 0
+
     async def encode(self, model: str, request: object) -> None:
         self.calls += 1
         raise HeronError(ErrorCode.MODEL_LOADING, f"model {model} is loading",

@@ -1,0 +1,143 @@
+"""How a worker takes work from its pool's stream (real nats-server and WorkConsumer; the
+service is a stand-in whose forward pass the test controls):
+
+- a busy worker holds at most ``lookahead_items`` beyond its running forward pass, so
+  the rest stays in the stream for an idle worker of the same pool;
+- an item that computes for longer than the ack wait is kept alive, not redelivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import nats
+import pytest
+
+from sdk import wire
+from sdk.cluster import WorkStreamSpec, work_headers, work_subject
+from tests.nats_server import NatsServer
+from worker.consumer import WorkConsumer, fetch_lookahead_from_env
+from worker.metrics import WorkerMetrics
+from worker.service import Outcome, Timings
+
+
+class HeldService:
+    """Encode calls wait until ``release``; none counts as in a forward pass, so every
+    call is backlog (what a worker looks like while its forward pass never ends)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.released = asyncio.Event()
+
+    def items_in_forward(self) -> int:
+        return 0
+
+    async def encode(self, model: str, request: Any) -> Outcome:
+        self.calls.append(request.items[0].text)
+        await self.released.wait()
+        return Outcome({"model": model, "items": [{"dense": [1.0]}]}, Timings(), model)
+
+
+class SlowService(HeldService):
+    """Every call takes ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def encode(self, model: str, request: Any) -> Outcome:
+        self.calls.append(request.items[0].text)
+        await asyncio.sleep(self.seconds)
+        return Outcome({"model": model, "items": [{"dense": [1.0]}]}, Timings(), model)
+
+
+async def _publish(js: Any, pool: str, inbox: str, texts: list[str]) -> None:
+    for i, text in enumerate(texts):
+        await js.publish(work_subject(pool, "m"), wire.encode({"items": [text]}, wire.MSGPACK),
+                         headers=work_headers(request_id=f"r{i}", task="encode", model="m",
+                                              reply=inbox, start=0, count=1, deadline=None,
+                                              priority=0))
+
+
+async def _answers(sub: Any, n: int, timeout_s: float = 15.0) -> list[str]:
+    ids = []
+    for _ in range(n):
+        msg = await sub.next_msg(timeout=timeout_s)
+        await msg.respond(b"")  # the gateway's confirmation: the worker acks after it
+        result = wire.decode(msg.data, wire.MSGPACK)
+        assert "error" not in result or result["error"] is None, result
+        ids.append(result["request_id"])
+    return ids
+
+
+async def test_a_busy_worker_leaves_work_for_an_idle_one(nats_server: NatsServer) -> None:
+    pool = f"f{uuid.uuid4().hex[:8]}"
+    spec = WorkStreamSpec(pool=pool)
+    nc = await nats.connect(nats_server.url)
+    busy_service, idle_service = HeldService(), SlowService(0.0)
+    busy = WorkConsumer(nc, busy_service, spec, lookahead_items=4)  # type: ignore[arg-type]
+    idle = WorkConsumer(nc, idle_service, spec, lookahead_items=4)  # type: ignore[arg-type]
+    inbox = f"_INBOX.heron.fetchtest.{uuid.uuid4().hex[:6]}"
+    sub = await nc.subscribe(inbox)
+    try:
+        await busy.start()
+        await _publish(nc.jetstream(), pool, inbox, [f"text {i}" for i in range(20)])
+        for _ in range(50):  # the busy worker takes what its lookahead allows, then stops
+            await asyncio.sleep(0.05)
+            if len(busy_service.calls) >= 4:
+                break
+        await asyncio.sleep(0.3)
+        assert len(busy_service.calls) == 4, busy_service.calls
+        assert busy.backlog == 4
+
+        # An idle worker of the same pool gets everything the busy one left in the stream.
+        await idle.start()
+        answered = await _answers(sub, 16)
+        assert len(idle_service.calls) == 16 and len(set(answered)) == 16
+        assert len(busy_service.calls) == 4  # it took nothing more meanwhile
+
+        busy_service.released.set()  # its forward pass ends: its four are answered too
+        answered += await _answers(sub, 4)
+        assert sorted(answered) == sorted(f"r{i}" for i in range(20))  # each exactly once
+    finally:
+        busy_service.released.set()
+        await busy.drain()
+        await idle.drain()
+        await nc.close()
+
+
+@pytest.mark.slow
+async def test_an_item_longer_than_the_ack_wait_is_not_redelivered(
+        nats_server: NatsServer) -> None:
+    pool = f"k{uuid.uuid4().hex[:8]}"
+    spec = WorkStreamSpec(pool=pool, ack_wait_s=1.0)
+    nc = await nats.connect(nats_server.url)
+    service = SlowService(2.6)  # more than two ack waits
+    metrics = WorkerMetrics()
+    consumer = WorkConsumer(nc, service, spec, metrics=metrics)  # type: ignore[arg-type]
+    inbox = f"_INBOX.heron.keepalive.{uuid.uuid4().hex[:6]}"
+    sub = await nc.subscribe(inbox)
+    try:
+        await consumer.start()
+        await _publish(nc.jetstream(), pool, inbox, ["slow"])
+        assert await _answers(sub, 1) == ["r0"]
+        await asyncio.sleep(1.5)  # a redelivery, had there been one, would show by now
+        assert service.calls == ["slow"]
+        assert f'heron_worker_redeliveries_total{{pool="{pool}"}}' not in \
+            metrics.render().decode()
+    finally:
+        await consumer.drain()
+        await nc.close()
+
+
+def test_fetch_lookahead_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HERON_FETCH_LOOKAHEAD", raising=False)
+    assert fetch_lookahead_from_env() == 16
+    monkeypatch.setenv("HERON_FETCH_LOOKAHEAD", "40")
+    assert fetch_lookahead_from_env() == 40
+    for bad in ("0", "many"):
+        monkeypatch.setenv("HERON_FETCH_LOOKAHEAD", bad)
+        with pytest.raises(ValueError, match="HERON_FETCH_LOOKAHEAD"):
+            fetch_lookahead_from_env()
