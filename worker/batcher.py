@@ -95,7 +95,16 @@ class TokenBudgetBatcher:
         self._wakeup.set()
 
     async def next_batch(self) -> list[WorkItem]:
-        """Wait for work, then (maybe) for more work, then take one batch."""
+        """Wait for work, then (maybe) for more work, then take one batch.
+
+        The wait is bounded from when the model became free (this call), not from when
+        the oldest item arrived. Under closed-loop load the items of the batch just
+        answered come back a few milliseconds later; counted from arrival, the items that
+        queued during the last forward pass had always waited long enough, so they ran
+        alone, and two half-size cohorts took turns for good. Counted from now, the
+        returning cohort joins them: bench/serve_bench, 2 processes, interleaved runs,
+        434 -> 456 items/s at 64 clients and 336 -> 362 at 16, p99 unchanged."""
+        free_since = time.monotonic()
         while True:
             while not self._items:
                 self._wakeup.clear()
@@ -103,7 +112,7 @@ class TokenBudgetBatcher:
             anchor = self._peek_anchor()
             if anchor is None:
                 continue
-            waited = time.monotonic() - anchor.enqueued_at
+            waited = time.monotonic() - max(anchor.enqueued_at, free_since)
             cap = self._item_cap()
             full = (len(self._items) >= cap
                     or self._queued_tokens >= self.max_batch_tokens)

@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import nats
+import torch
 from nats.aio.client import Client as NATS
 
 from sdk.cluster import WorkStreamSpec
@@ -72,10 +73,14 @@ class WorkerCluster:
         # Consume only once the preloaded models are warm: every nak spends a delivery.
         await asyncio.shield(models_loaded)
         self.consumer = WorkConsumer(self.nc, self.service, WorkStreamSpec(pool=self.queue.pool),
-                                     lookahead_items=fetch_lookahead_from_env(),
+                                     lookahead_items=fetch_lookahead_from_env(
+                                         on_gpu=self._on_gpu()),
                                      metrics=self.metrics)
         await self.consumer.start()
         log.info("worker %s consuming pool %s", self.queue.worker_id, self.queue.pool)
+
+    def _on_gpu(self) -> bool:
+        return self.registry.device_override != "cpu" and torch.cuda.is_available()
 
     def _on_config(self, snapshot: Snapshot) -> None:
         """A new epoch from the config service: serve what our bundle now lists."""

@@ -135,8 +135,9 @@ async def test_an_item_longer_than_the_ack_wait_is_not_redelivered(
 def test_fetch_lookahead_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HERON_FETCH_LOOKAHEAD", raising=False)
     assert fetch_lookahead_from_env() == 16
+    assert fetch_lookahead_from_env(on_gpu=True) == 128
     monkeypatch.setenv("HERON_FETCH_LOOKAHEAD", "40")
-    assert fetch_lookahead_from_env() == 40
+    assert fetch_lookahead_from_env() == fetch_lookahead_from_env(on_gpu=True) == 40
     for bad in ("0", "many"):
         monkeypatch.setenv("HERON_FETCH_LOOKAHEAD", bad)
         with pytest.raises(ValueError, match="HERON_FETCH_LOOKAHEAD"):

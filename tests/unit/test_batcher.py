@@ -107,6 +107,24 @@ async def test_waits_for_more_items_when_they_come_faster_than_a_forward_pass() 
     assert len(batch) == 4  # filled before the window closed
 
 
+async def test_items_that_queued_during_a_forward_pass_still_wait_for_the_next_ones() -> None:
+    """Items that waited out a forward pass do not close the next batch at once while
+    more are coming fast: the wait counts from when the model became free."""
+    b = new(max_items=4, wait_s=0.05)
+    b.cost.overhead_s, b.cost.expected_gap_s = 0.05, 0.01
+    make(b, [5, 5])
+    await asyncio.sleep(0.1)  # older than max_wait: the previous forward pass ran meanwhile
+
+    async def later() -> None:
+        await asyncio.sleep(0.01)
+        make(b, [5, 5])
+
+    task = asyncio.create_task(later())
+    batch = await asyncio.wait_for(b.next_batch(), 2)
+    await task
+    assert len(batch) == 4
+
+
 async def test_does_not_wait_when_arrivals_are_sparse() -> None:
     b = new(max_items=4, wait_s=0.5)
     b.cost.overhead_s, b.cost.expected_gap_s = 0.002, 0.3  # waiting would not pay
