@@ -35,10 +35,11 @@ PRIORITY_AGING_S = 2.5
 # While work of more than one priority arrives (each seen within MIXED_PRIORITY_WINDOW_S),
 # batches hold at most 1/MIXED_PRIORITY_BATCH_SHARE of max_batch_items. A priority-0 item
 # that arrives during a forward pass waits for that pass to end, so under mixed saturation
-# long batches of priority-1 work set priority 0's tail. Quarter-size batches cost about
-# 8% of throughput while priorities mix (a forward pass's fixed cost is paid 4x as often)
-# and nothing otherwise.
-MIXED_PRIORITY_BATCH_SHARE = 4
+# long batches of priority-1 work set priority 0's tail. Eighth-size batches (8 of
+# MiniLM's 64) cost about 16% of throughput while priorities mix, nothing otherwise; at a
+# quarter, priority 0's p99 was 423-487 ms against 332-415 ms, and the p99 ratio to
+# priority 1 missed its target (a third) in 2 of 4 runs (bench/priority_bench.py).
+MIXED_PRIORITY_BATCH_SHARE = 8
 MIXED_PRIORITY_WINDOW_S = 2.0
 
 
@@ -103,7 +104,8 @@ class TokenBudgetBatcher:
         queued during the last forward pass had always waited long enough, so they ran
         alone, and two half-size cohorts took turns for good. Counted from now, the
         returning cohort joins them: bench/serve_bench, 2 processes, interleaved runs,
-        434 -> 456 items/s at 64 clients and 336 -> 362 at 16, p99 unchanged."""
+        434 -> 456 items/s at 64 clients and 336 -> 362 at 16, p99 unchanged. Not while
+        priorities mix (see ``_item_cap``)."""
         free_since = time.monotonic()
         while True:
             while not self._items:
@@ -112,8 +114,12 @@ class TokenBudgetBatcher:
             anchor = self._peek_anchor()
             if anchor is None:
                 continue
-            waited = time.monotonic() - max(anchor.enqueued_at, free_since)
             cap = self._item_cap()
+            # While priorities mix, a batch closes on the anchor's own wait: there, the
+            # priority-0 tail counts for more than batch size.
+            since = anchor.enqueued_at if cap < self.max_batch_items else max(
+                anchor.enqueued_at, free_since)
+            waited = time.monotonic() - since
             full = (len(self._items) >= cap
                     or self._queued_tokens >= self.max_batch_tokens)
             if not full and waited < self.max_wait_s and self.cost.worth_waiting():

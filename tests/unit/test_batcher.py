@@ -161,7 +161,7 @@ async def test_window_is_bounded() -> None:
 
 async def test_batches_shrink_while_priorities_mix() -> None:
     """A priority-0 item waits for the forward pass running when it arrives: while two
-    priority levels arrive, batches are a quarter of max_batch_items."""
+    priority levels arrive, batches are an eighth of max_batch_items."""
     from worker.batcher import MIXED_PRIORITY_BATCH_SHARE
 
     alone = new(max_tokens=10_000, max_items=16)
