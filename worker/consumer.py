@@ -54,11 +54,9 @@ _RETRIED = 102  # an item nak'ed to run later (model loading, queue full): not a
 _OUTCOMES = {200: "answered", _RETRIED: "nak'ed, to run later"}
 DEFAULT_FETCH_LOOKAHEAD = 16
 GPU_FETCH_LOOKAHEAD = 128
+BACKLOG_POLL_S = 0.005  # how often a full backlog is looked at again (forward passes start)
 RESULT_ACK_TIMEOUT_S = 2.0
 NO_RESPONDERS_BACKOFF_S = (0.25, 0.5, 1.0, 2.0)
-
-
-BACKLOG_POLL_S = 0.005  # how often a full backlog is looked at again (forward passes start)
 
 
 def fetch_lookahead_from_env(on_gpu: bool = False) -> int:
@@ -96,15 +94,16 @@ class _KeepAlive:
     """``in_progress()`` every ``every_s`` while an item computes: a timer, not a task per
     item (most items finish long before the first beat is due)."""
 
-    __slots__ = ("_handle", "_loop", "every_s", "msg")
+    __slots__ = ("_handle", "_loop", "_sending", "every_s", "msg")
 
     def __init__(self, msg: Msg, every_s: float) -> None:
         self.msg, self.every_s = msg, every_s
         self._loop = asyncio.get_running_loop()
         self._handle: asyncio.TimerHandle | None = self._loop.call_later(every_s, self._beat)
+        self._sending: asyncio.Task | None = None  # held: the loop keeps only weak refs
 
     def _beat(self) -> None:
-        self._loop.create_task(self._send())
+        self._sending = self._loop.create_task(self._send())
         self._handle = self._loop.call_later(self.every_s, self._beat)
 
     async def _send(self) -> None:
@@ -144,7 +143,8 @@ class WorkConsumer:
 
     @property
     def backlog(self) -> int:
-        """Items this worker holds that no forward pass has taken yet."""
+        """Items this worker holds that no forward pass has taken yet. (A forward pass of
+        HTTP requests' items counts too: a worker serving both fetches a little more.)"""
         return max(0, self._held_items - self.service.items_in_forward())
 
     async def start(self) -> None:
