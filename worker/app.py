@@ -74,15 +74,16 @@ class WorkerApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        if self.queue is not None:  # first: a bad setting fails start-up before any work
+            self.cluster = WorkerCluster(self.queue, self.registry, self.service,
+                                         self.metrics)
         # Load in the background: /healthz answers at once, /readyz once models are warm.
         loop = asyncio.get_running_loop()
         self._load_task = loop.create_task(self.registry.load_all())
         self.registry.start_memory_watch()
         # With several processes, a scrape reaches one: the others publish their gauges.
         gauges = loop.create_task(self._publish_gauges()) if multiprocess_dir() else None
-        if self.queue is not None:
-            self.cluster = WorkerCluster(self.queue, self.registry, self.service,
-                                         self.metrics)
+        if self.cluster is not None:
             await self.cluster.start(self._load_task)
         try:
             yield

@@ -47,6 +47,8 @@ class WorkerCluster:
         self._start_task: asyncio.Task | None = None
         self.follower: ConfigFollower | None = None
         self.config_epoch = -1
+        self.lookahead_items = fetch_lookahead_from_env(
+            on_gpu=registry.device_override != "cpu" and torch.cuda.is_available())
 
     @property
     def connected(self) -> bool:
@@ -73,14 +75,10 @@ class WorkerCluster:
         # Consume only once the preloaded models are warm: every nak spends a delivery.
         await asyncio.shield(models_loaded)
         self.consumer = WorkConsumer(self.nc, self.service, WorkStreamSpec(pool=self.queue.pool),
-                                     lookahead_items=fetch_lookahead_from_env(
-                                         on_gpu=self._on_gpu()),
+                                     lookahead_items=self.lookahead_items,
                                      metrics=self.metrics)
         await self.consumer.start()
         log.info("worker %s consuming pool %s", self.queue.worker_id, self.queue.pool)
-
-    def _on_gpu(self) -> bool:
-        return self.registry.device_override != "cpu" and torch.cuda.is_available()
 
     def _on_config(self, snapshot: Snapshot) -> None:
         """A new epoch from the config service: serve what our bundle now lists."""

@@ -147,19 +147,13 @@ class ModelRunner:
             return
         inference_s = ended - started
         real = sum(w.length for w in batch)
-        computed = self._computed_tokens(batch)
+        computed = real if self.adapter.packed else max(w.length for w in batch) * len(batch)
         self.batcher.cost.observe(computed, inference_s)
         for w, value in zip(batch, values, strict=True):
             if not w.future.done():
                 w.future.set_result(ItemResult(value, started - w.enqueued_at, inference_s))
         if self._on_batch is not None:
             self._on_batch(BatchStats(len(batch), computed, real, inference_s))
-
-    def _computed_tokens(self, batch: list[WorkItem]) -> int:
-        """Tokens the forward pass computes: the real ones packed, longest x items padded."""
-        if self.adapter.packed:
-            return sum(w.length for w in batch)
-        return max(w.length for w in batch) * len(batch)
 
     def _run_batch(self, items: list[Tokenized]) -> tuple[list[Any], float, float]:
         """Collate, forward, postprocess: on the inference thread. Times are measured here

@@ -5,8 +5,6 @@ NATS subscription would feed them)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from starlette.testclient import TestClient
 
@@ -14,20 +12,7 @@ from gateway.app import create_app
 from gateway.health import THROUGHPUT_WINDOW_S, WorkerHealth
 from gateway.routes import GatewayApp
 from gateway.status_page import GONE_SHOWN_S
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def beat(worker: str, pool: str = "p", **extra: Any) -> dict[str, Any]:
-    return {"worker_id": worker, "pool": pool, "bundle": "b", "bundle_hash": "h",
-            "models": {"m": "ready"}, "queue_depth": 0, "in_flight": 0, "memory_rss": 1,
-            "ready": True, "address": "", "ts": 0.0, **extra}
+from tests.unit.beats import Clock, beat
 
 
 def test_throughput_is_the_counters_growth_over_the_window() -> None:

@@ -6,20 +6,7 @@ import asyncio
 
 from gateway.demand import DemandTracker
 from gateway.health import WorkerHealth
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def beat(worker: str, pool: str = "p", ready: bool = True, **extra: object) -> dict:
-    return {"worker_id": worker, "pool": pool, "bundle": "b", "bundle_hash": "h",
-            "models": {"m": "ready"}, "queue_depth": 0, "in_flight": 0, "memory_rss": 1,
-            "ready": ready, "address": "", "ts": 0.0, **extra}
+from tests.unit.beats import Clock, beat
 
 
 def test_a_worker_counts_while_ready_and_beating() -> None:
