@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoTokenizer
 
+from bench.server import on_cpus
 from bench.texts import model_dir
 
 MAX_LENGTH = 256  # the bundle's max_sequence_length for MiniLM
@@ -88,19 +89,21 @@ def measure(texts: list[str], *, seconds: float, batch_size: int, min_passes: in
 
 def run_separately(texts_file: Path, *, seconds: float, batch_size: int = 32,
                    dtype: str | None = None, threads: int = 0,
-                   processes: int = 1) -> dict[str, Any]:
+                   processes: int = 1, cpus: set[int] | None = None) -> dict[str, Any]:
     """This module in its own process (the server must be stopped first), at the precision
     a server reported as its ``dtype`` (``bfloat16`` -> bf16 autocast).
 
     ``processes`` > 1 runs that many at once, ``threads`` each, the way ``heron serve
-    --workers`` splits the CPU; the result's ``sentences_per_s`` is their sum."""
+    --workers`` splits the CPU; the result's ``sentences_per_s`` is their sum. ``cpus``
+    confines them to those CPUs."""
     cmd = [sys.executable, "-m", "bench.ceiling", str(texts_file), "--seconds", f"{seconds:g}",
            "--batch-size", str(batch_size),
            "--precision", "bf16" if dtype == "bfloat16" else "fp32"]
     if threads:
         cmd += ["--threads", str(threads)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parent.parent)
+                              cwd=Path(__file__).resolve().parent.parent,
+                              preexec_fn=on_cpus(cpus))
              for _ in range(processes)]
     results = []
     for proc in procs:
@@ -119,18 +122,18 @@ def run_separately(texts_file: Path, *, seconds: float, batch_size: int = 32,
 
 def best_ceiling(texts_file: Path, *, seconds: float, dtype: str | None,
                  processes: int = 1, threads: int = 0, batch_size: int = 32,
-                 log: Any = None) -> dict[str, Any]:
+                 log: Any = None, cpus: set[int] | None = None) -> dict[str, Any]:
     """The ceiling for a server of ``processes`` x ``threads``: the raw model in one process
     with all threads, and, for several server processes, the same layout of raw-model
     processes at once. The better of the two is the ceiling; both are reported."""
     single = run_separately(texts_file, seconds=seconds, batch_size=batch_size, dtype=dtype,
-                            threads=0 if processes > 1 else threads)
+                            threads=0 if processes > 1 else threads, cpus=cpus)
     if processes == 1:
         return single
     if log is not None:
         log(f"ceiling in the server's layout: {processes} processes x {threads} threads")
     layout = run_separately(texts_file, seconds=seconds, batch_size=batch_size, dtype=dtype,
-                            threads=threads, processes=processes)
+                            threads=threads, processes=processes, cpus=cpus)
     best = max((single, layout), key=lambda c: c["sentences_per_s"])
     return {**best, "one_process": single["sentences_per_s"],
             "server_layout": layout["sentences_per_s"]}

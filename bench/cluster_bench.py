@@ -10,6 +10,12 @@ worker served directly, and Heron's own overhead with the null model.
    worker, it also drives that worker's own HTTP API (direct) and reports cluster / direct.
 2. ``heron up --bundle null`` (no model compute): items/s through the cluster path with
    64-item requests, and the latency the cluster path adds at one connection.
+
+``--split-cores``: the layout the cluster is deployed in (deploy/k8s), where the gateway and
+NATS run on other nodes than the model, scaled down to one machine: one worker with one
+torch thread, and nats-server, the config service, the gateway and wrk kept off CPU 0, so
+the worker's inference thread has a core to itself while its event loop shares the others.
+The ceiling is then the raw model with one thread, on CPU 0: the same threads and precision.
 Prints one JSON document and writes DIR/cluster_bench.json (DIR: bench/results/).
 """
 
@@ -29,9 +35,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.ceiling import best_ceiling
 from bench.load import run_wrk, write_bodies
-from bench.server import REPO, free_port, http
+from bench.server import REPO, free_port, http, on_cpus, pin_process
 from bench.texts import LONG_TAIL, build_workload
 from heron.cli import serve_processes, threads_per_process
 
@@ -42,10 +50,12 @@ def log(message: str) -> None:
 
 
 @contextlib.contextmanager
-def local_cluster(bundle: str, data_dir: Path, workers: int = 1,
-                  threads: int = 0) -> Iterator[tuple[str, str]]:
+def local_cluster(bundle: str, data_dir: Path, workers: int = 1, threads: int = 0,
+                  worker_cpus: set[int] | None = None,
+                  other_cpus: set[int] | None = None) -> Iterator[tuple[str, str]]:
     """(gateway URL, a worker's URL) of a ready ``heron up`` with ``workers`` workers of
-    ``threads`` torch threads each (0: torch's default)."""
+    ``threads`` torch threads each (0: torch's default). ``worker_cpus`` and ``other_cpus``:
+    where the workers and everything else (nats-server, config service, gateway) run."""
     port, nats_port = free_port(), free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "up.log"
@@ -54,7 +64,7 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1,
             [sys.executable, "-m", "heron.cli", "up", "--port", str(port), "--nats-port",
              str(nats_port), "--config-port", "0", "--data-dir", str(data_dir), "--bundle",
              bundle, "--workers", str(workers), "--min-workers", str(workers)],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=on_cpus(other_cpus),
             env={**os.environ, **({"HERON_THREADS": str(threads)} if threads else {})})
     gateway = f"http://127.0.0.1:{port}"
     try:
@@ -74,6 +84,10 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1,
         else:
             raise RuntimeError(f"cluster not ready:\n{log_path.read_text()}")
         assert worker is not None
+        if worker_cpus is not None:  # they inherited other_cpus from heron up
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                if " worker " in " ".join(child.cmdline()):
+                    pin_process(child.pid, worker_cpus)
         yield gateway, worker
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -83,11 +97,8 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1,
             proc.kill()
 
 
-def step(url: str, bodies: Path, connections: int, duration_s: float) -> dict[str, Any]:
-    return run_wrk(url, bodies, connections=connections, duration_s=duration_s).summary()
-
-
-def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1) -> dict[str, Any]:
+def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
+        split_cores: bool = False) -> dict[str, Any]:
     duration = 4.0 if quick else 10.0
     connections = [1, 8, 32, 64]
     work = Path(tempfile.mkdtemp(prefix="heron-cluster-bench-"))
@@ -99,11 +110,24 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1) -> di
                               "workload": "8-256 tokens (LONG_TAIL)" if long_tail
                               else "8-128 tokens"}
     threads = 0 if workers == 1 else threads_per_process(workers)
+    worker_cpus = other_cpus = ceiling_cpus = None
+    if split_cores:
+        workers, threads, ceiling_cpus = 1, 1, {0}
+        worker_cpus = set(range(os.cpu_count() or 2))
+        other_cpus = worker_cpus - ceiling_cpus
+        result["layout"] = ("split cores: 1 worker with 1 torch thread on any CPU; "
+                            "nats-server, config service, gateway and wrk on CPUs "
+                            f"{sorted(other_cpus)}; the ceiling (1 thread) on CPU 0")
     result.update(workers=workers, threads_per_worker=threads or "torch default")
+
+    def step(url: str, bodies: Path, connections: int, duration_s: float) -> dict[str, Any]:
+        return run_wrk(url, bodies, connections=connections, duration_s=duration_s,
+                       cpus=other_cpus).summary()
 
     log(f"MiniLM: {workers} worker(s); gateway path" + (" and direct" if workers == 1 else ""))
     rows = []
-    with local_cluster("default", work / "minilm", workers, threads) as (gateway, worker):
+    with local_cluster("default", work / "minilm", workers, threads, worker_cpus,
+                       other_cpus) as (gateway, worker):
         dtype = http("GET", f"{worker}/v1/models/minilm")[1].get("dtype")
         sides = {"cluster": f"{gateway}/v1/encode/minilm"}
         if workers == 1:
@@ -124,7 +148,7 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1) -> di
     texts_file = work / "texts.json"
     texts_file.write_text(json.dumps(texts))
     ceiling = best_ceiling(texts_file, seconds=6.0 if quick else 20.0, dtype=dtype,
-                           processes=workers, threads=threads, log=log)
+                           processes=workers, threads=threads, log=log, cpus=ceiling_cpus)
     result["ceiling"] = {k: ceiling[k] for k in ("sentences_per_s", "dtype", "batch_size",
                                                  "one_process", "server_layout")
                          if k in ceiling}
@@ -138,7 +162,8 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1) -> di
     batch = work / "batch64.txt"
     batch.write_text("".join(json.dumps({"items": texts[i:i + 64]}) + "\n"
                              for i in range(0, len(texts) - 63, 64)))
-    with local_cluster("null", work / "null") as (gateway, worker):
+    with local_cluster("null", work / "null", 1, 0, worker_cpus,
+                       other_cpus) as (gateway, worker):
         step(f"{gateway}/v1/encode/null-model", single, 8, 3.0)
         one_direct = step(f"{worker}/v1/encode/null-model", single, 1, duration)
         one_cluster = step(f"{gateway}/v1/encode/null-model", single, 1, duration)
@@ -168,11 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--long-tail", action="store_true",
                         help="8-256-token workload (median 32) instead of 8-128")
+    parser.add_argument("--split-cores", action="store_true",
+                        help="1 worker x 1 thread; gateway, NATS and wrk kept off CPU 0")
     parser.add_argument("--workers", default="auto",
                         help="worker processes (auto: as many as heron serve --workers auto)")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so local_cluster stops the `heron up` it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workers = serve_processes(args.workers, "auto")
-    print(json.dumps(run(args.quick, args.out, args.long_tail, workers), indent=2))
+    print(json.dumps(run(args.quick, args.out, args.long_tail, workers, args.split_cores),
+                     indent=2))
     return 0
 
 

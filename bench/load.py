@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.server import on_cpus
+
 LUA_SCRIPT = Path(__file__).with_name("wrk_encode.lua")
 MARKER = "HERON_WRK_JSON "
 
@@ -64,14 +66,17 @@ def _children_cpu_s() -> float:
 
 
 def run_wrk(url: str, bodies: Path, *, connections: int, duration_s: float,
-            threads: int = 1, timeout_s: float = 30.0) -> WrkResult:
+            threads: int = 1, timeout_s: float = 30.0,
+            cpus: set[int] | None = None) -> WrkResult:
+    """``cpus``: run wrk on these CPUs only (see bench.cluster_bench --split-cores)."""
     threads = max(1, min(threads, connections))
     cmd = [find_wrk(), f"-t{threads}", f"-c{connections}", f"-d{duration_s:g}s",
            f"--timeout={timeout_s:g}s", "--latency", "-s", str(LUA_SCRIPT), url, "--",
            str(bodies)]
     cpu_before = _children_cpu_s()
     proc = subprocess.run(cmd, capture_output=True, text=True,
-                          timeout=duration_s + timeout_s + 30, check=False)
+                          timeout=duration_s + timeout_s + 30, check=False,
+                          preexec_fn=on_cpus(cpus))
     cpu = _children_cpu_s() - cpu_before
     output = proc.stdout + proc.stderr
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)), None)

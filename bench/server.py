@@ -12,9 +12,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parent.parent
@@ -24,6 +26,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
+
+
+def on_cpus(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that confines a child process to ``cpus`` (None: anywhere)."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Every thread of a running process onto ``cpus``. Affinity is per thread on Linux,
+    so each one is set; threads started later inherit it from the thread starting them."""
+    for thread in psutil.Process(pid).threads():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(thread.id, cpus)
 
 
 def heron_command() -> list[str]:
