@@ -16,6 +16,9 @@ NATS run on other nodes than the model, scaled down to one machine: one worker w
 torch thread, and nats-server, the config service, the gateway and wrk kept off CPU 0, so
 the worker's inference thread has a core to itself while its event loop shares the others.
 The ceiling is then the raw model with one thread, on CPU 0: the same threads and precision.
+The raw-model ceiling runs before the cluster starts and again after it stops; the JSON
+records both (``ceiling.before_cluster``, ``ceiling.drift``), and a drift over 5% is
+logged as a warning: the machine's speed changed, so the run's ratios are suspect.
 Prints one JSON document and writes DIR/cluster_bench.json (DIR: bench/results/).
 """
 
@@ -42,6 +45,9 @@ from bench.load import run_wrk, write_bodies
 from bench.server import REPO, free_port, http, on_cpus, pin_process
 from bench.texts import LONG_TAIL, build_workload
 from heron.cli import serve_processes, threads_per_process
+from worker.registry import cpu_has_native_bf16
+
+DRIFT_WARN = 0.05  # ceiling before vs after the cluster: beyond this, the run is suspect
 
 
 def log(message: str) -> None:
@@ -124,6 +130,17 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
         return run_wrk(url, bodies, connections=connections, duration_s=duration_s,
                        cpus=other_cpus).summary()
 
+    texts_file = work / "texts.json"
+    texts_file.write_text(json.dumps(texts))
+    # The ceiling before the cluster as well as after it: this machine's speed has drifted
+    # by 5-12% within minutes, which would pass for a change in the ratio.
+    expected_dtype = "bfloat16" if cpu_has_native_bf16() else "float32"  # precision auto
+    # Same budget both times: the ceiling is the best pass, and more passes find a better one.
+    ceiling_s = 6.0 if quick else 20.0
+    log("the raw-model ceiling before the cluster starts (drift check)")
+    before = best_ceiling(texts_file, seconds=ceiling_s, dtype=expected_dtype,
+                          processes=workers, threads=threads, cpus=ceiling_cpus)
+
     log(f"MiniLM: {workers} worker(s); gateway path" + (" and direct" if workers == 1 else ""))
     rows = []
     with local_cluster("default", work / "minilm", workers, threads, worker_cpus,
@@ -145,13 +162,17 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
             rows.append(row)
     result["minilm"] = rows
     log(f"the raw-model ceiling ({dtype}), with the cluster stopped")
-    texts_file = work / "texts.json"
-    texts_file.write_text(json.dumps(texts))
-    ceiling = best_ceiling(texts_file, seconds=6.0 if quick else 20.0, dtype=dtype,
+    ceiling = best_ceiling(texts_file, seconds=ceiling_s, dtype=dtype,
                            processes=workers, threads=threads, log=log, cpus=ceiling_cpus)
     result["ceiling"] = {k: ceiling[k] for k in ("sentences_per_s", "dtype", "batch_size",
                                                  "one_process", "server_layout")
                          if k in ceiling}
+    if dtype == expected_dtype:
+        drift = ceiling["sentences_per_s"] / before["sentences_per_s"] - 1
+        result["ceiling"].update(before_cluster=before["sentences_per_s"], drift=round(drift, 3))
+        if abs(drift) > DRIFT_WARN:
+            log(f"warning: the ceiling moved {drift:+.1%} between before and after the "
+                "cluster; the machine's speed drifted, so compare this run with care")
     for row in rows:
         for side in ("direct", "cluster"):
             if side in row:
