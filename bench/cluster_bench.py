@@ -13,9 +13,10 @@ worker served directly, and Heron's own overhead with the null model.
 
 ``--split-cores``: the layout the cluster is deployed in (deploy/k8s), where the gateway and
 NATS run on other nodes than the model, scaled down to one machine: one worker with one
-torch thread, and nats-server, the config service, the gateway and wrk kept off CPU 0, so
-the worker's inference thread has a core to itself while its event loop shares the others.
-The ceiling is then the raw model with one thread, on CPU 0: the same threads and precision.
+torch thread, and nats-server, the config service, the gateway and wrk kept off the first
+usable CPU (CPU 0 here), so the worker's inference thread has a core to itself while its
+event loop shares the others. The ceiling is then the raw model with one thread on that
+CPU: the same threads and precision.
 The raw-model ceiling runs before the cluster starts and again after it stops; the JSON
 records both (``ceiling.before_cluster``, ``ceiling.drift``), and a drift over 5% is
 logged as a warning: the machine's speed changed, so the run's ratios are suspect.
@@ -118,12 +119,16 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
     threads = 0 if workers == 1 else threads_per_process(workers)
     worker_cpus = other_cpus = ceiling_cpus = None
     if split_cores:
-        workers, threads, ceiling_cpus = 1, 1, {0}
-        worker_cpus = set(range(os.cpu_count() or 2))
+        # The CPUs this process may use (a cpuset need not start at 0 or be contiguous).
+        worker_cpus = os.sched_getaffinity(0)
+        if len(worker_cpus) < 2:
+            raise SystemExit("cluster_bench --split-cores needs at least 2 usable CPUs")
+        workers, threads, ceiling_cpus = 1, 1, {min(worker_cpus)}
         other_cpus = worker_cpus - ceiling_cpus
         result["layout"] = ("split cores: 1 worker with 1 torch thread on any CPU; "
                             "nats-server, config service, gateway and wrk on CPUs "
-                            f"{sorted(other_cpus)}; the ceiling (1 thread) on CPU 0")
+                            f"{sorted(other_cpus)}; the ceiling (1 thread) on CPU "
+                            f"{min(worker_cpus)}")
     result.update(workers=workers, threads_per_worker=threads or "torch default")
 
     def step(url: str, bodies: Path, connections: int, duration_s: float) -> dict[str, Any]:
@@ -173,6 +178,8 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
         if abs(drift) > DRIFT_WARN:
             log(f"warning: the ceiling moved {drift:+.1%} between before and after the "
                 "cluster; the machine's speed drifted, so compare this run with care")
+    else:
+        log(f"no drift check: the worker ran {dtype}, the ceiling before it {expected_dtype}")
     for row in rows:
         for side in ("direct", "cluster"):
             if side in row:
@@ -215,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-tail", action="store_true",
                         help="8-256-token workload (median 32) instead of 8-128")
     parser.add_argument("--split-cores", action="store_true",
-                        help="1 worker x 1 thread; gateway, NATS and wrk kept off CPU 0")
+                        help="1 worker x 1 thread; gateway, NATS and wrk off the first CPU")
     parser.add_argument("--workers", default="auto",
                         help="worker processes (auto: as many as heron serve --workers auto)")
     args = parser.parse_args(argv)
