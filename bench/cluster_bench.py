@@ -14,9 +14,10 @@ worker served directly, and Heron's own overhead with the null model.
 ``--split-cores``: the layout the cluster is deployed in (deploy/k8s), where the gateway and
 NATS run on other nodes than the model, scaled down to one machine: one worker with one
 torch thread, and nats-server, the config service, the gateway and wrk kept off the first
-usable CPU (CPU 0 here), so the worker's inference thread has a core to itself while its
-event loop shares the others. The ceiling is then the raw model with one thread on that
-CPU: the same threads and precision.
+usable CPU (CPU 0 here). The worker runs with ``--inference-cpus`` set to that CPU
+(worker.cpus): its inference thread has the core to itself while its event loop shares
+the others. ``--free-inference``: the worker's threads free on all CPUs instead. The
+ceiling is the raw model with one thread on that CPU: the same threads and precision.
 The raw-model ceiling runs before the cluster starts and again after it stops; the JSON
 records both (``ceiling.before_cluster``, ``ceiling.drift``), and a drift over 5% is
 logged as a warning: the machine's speed changed, so the run's ratios are suspect.
@@ -59,10 +60,18 @@ def log(message: str) -> None:
 @contextlib.contextmanager
 def local_cluster(bundle: str, data_dir: Path, workers: int = 1, threads: int = 0,
                   worker_cpus: set[int] | None = None,
-                  other_cpus: set[int] | None = None) -> Iterator[tuple[str, str]]:
+                  other_cpus: set[int] | None = None,
+                  inference_cpus: set[int] | None = None) -> Iterator[tuple[str, str]]:
     """(gateway URL, a worker's URL) of a ready ``heron up`` with ``workers`` workers of
     ``threads`` torch threads each (0: torch's default). ``worker_cpus`` and ``other_cpus``:
-    where the workers and everything else (nats-server, config service, gateway) run."""
+    where the workers and everything else (nats-server, config service, gateway) run.
+    ``inference_cpus``: the workers' ``--inference-cpus`` (their other threads stay on
+    ``other_cpus``)."""
+    env = dict(os.environ)
+    if threads:
+        env["HERON_THREADS"] = str(threads)
+    if inference_cpus:
+        env["HERON_INFERENCE_CPUS"] = ",".join(map(str, sorted(inference_cpus)))
     port, nats_port = free_port(), free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "up.log"
@@ -72,7 +81,7 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1, threads: int = 
              str(nats_port), "--config-port", "0", "--data-dir", str(data_dir), "--bundle",
              bundle, "--workers", str(workers), "--min-workers", str(workers)],
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=on_cpus(other_cpus),
-            env={**os.environ, **({"HERON_THREADS": str(threads)} if threads else {})})
+            env=env)
     gateway = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -91,7 +100,7 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1, threads: int = 
         else:
             raise RuntimeError(f"cluster not ready:\n{log_path.read_text()}")
         assert worker is not None
-        if worker_cpus is not None:  # they inherited other_cpus from heron up
+        if worker_cpus is not None and not inference_cpus:  # inherited other_cpus
             for child in psutil.Process(proc.pid).children(recursive=True):
                 if " worker " in " ".join(child.cmdline()):
                     pin_process(child.pid, worker_cpus)
@@ -105,7 +114,7 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1, threads: int = 
 
 
 def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
-        split_cores: bool = False) -> dict[str, Any]:
+        split_cores: bool = False, free_inference: bool = False) -> dict[str, Any]:
     duration = 4.0 if quick else 10.0
     connections = [1, 8, 32, 64]
     work = Path(tempfile.mkdtemp(prefix="heron-cluster-bench-"))
@@ -117,7 +126,7 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
                               "workload": "8-256 tokens (LONG_TAIL)" if long_tail
                               else "8-128 tokens"}
     threads = 0 if workers == 1 else threads_per_process(workers)
-    worker_cpus = other_cpus = ceiling_cpus = None
+    worker_cpus = other_cpus = ceiling_cpus = inference_cpus = None
     if split_cores:
         # The CPUs this process may use (a cpuset need not start at 0 or be contiguous).
         worker_cpus = os.sched_getaffinity(0)
@@ -125,7 +134,11 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
             raise SystemExit("cluster_bench --split-cores needs at least 2 usable CPUs")
         workers, threads, ceiling_cpus = 1, 1, {min(worker_cpus)}
         other_cpus = worker_cpus - ceiling_cpus
-        result["layout"] = ("split cores: 1 worker with 1 torch thread on any CPU; "
+        inference_cpus = None if free_inference else ceiling_cpus
+        where = ("its threads on any CPU" if free_inference else
+                 f"its inference thread on CPU {min(worker_cpus)} (--inference-cpus), "
+                 f"the rest of it on CPUs {sorted(other_cpus)}")
+        result["layout"] = (f"split cores: 1 worker with 1 torch thread, {where}; "
                             "nats-server, config service, gateway and wrk on CPUs "
                             f"{sorted(other_cpus)}; the ceiling (1 thread) on CPU "
                             f"{min(worker_cpus)}")
@@ -149,7 +162,7 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
     log(f"MiniLM: {workers} worker(s); gateway path" + (" and direct" if workers == 1 else ""))
     rows = []
     with local_cluster("default", work / "minilm", workers, threads, worker_cpus,
-                       other_cpus) as (gateway, worker):
+                       other_cpus, inference_cpus) as (gateway, worker):
         dtype = http("GET", f"{worker}/v1/models/minilm")[1].get("dtype")
         sides = {"cluster": f"{gateway}/v1/encode/minilm"}
         if workers == 1:
@@ -191,7 +204,7 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
     batch.write_text("".join(json.dumps({"items": texts[i:i + 64]}) + "\n"
                              for i in range(0, len(texts) - 63, 64)))
     with local_cluster("null", work / "null", 1, 0, worker_cpus,
-                       other_cpus) as (gateway, worker):
+                       other_cpus, inference_cpus) as (gateway, worker):
         step(f"{gateway}/v1/encode/null-model", single, 8, 3.0)
         one_direct = step(f"{worker}/v1/encode/null-model", single, 1, duration)
         one_cluster = step(f"{gateway}/v1/encode/null-model", single, 1, duration)
@@ -223,14 +236,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="8-256-token workload (median 32) instead of 8-128")
     parser.add_argument("--split-cores", action="store_true",
                         help="1 worker x 1 thread; gateway, NATS and wrk off the first CPU")
+    parser.add_argument("--free-inference", action="store_true",
+                        help="with --split-cores: the worker's threads free on all CPUs "
+                             "(no --inference-cpus)")
     parser.add_argument("--workers", default="auto",
                         help="worker processes (auto: as many as heron serve --workers auto)")
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so local_cluster stops the `heron up` it started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workers = serve_processes(args.workers, "auto")
-    print(json.dumps(run(args.quick, args.out, args.long_tail, workers, args.split_cores),
-                     indent=2))
+    print(json.dumps(run(args.quick, args.out, args.long_tail, workers, args.split_cores,
+                         args.free_inference), indent=2))
     return 0
 
 

@@ -19,6 +19,7 @@ from sdk.modelconfig import Bundle, ConfigError, load_bundle, load_model_config
 
 if TYPE_CHECKING:
     from worker.app import QueueMode
+    from worker.cpus import CpuPlacement
 
 
 def _select_models(bundle: Bundle, models: str | None) -> Bundle:
@@ -56,9 +57,30 @@ def _build_worker_app(args: argparse.Namespace, queue: QueueMode | None) -> obje
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = _select_models(load_bundle(args.bundle), args.models)
+    placement = _cpu_placement(args.inference_cpus, torch.get_num_threads())
     return create_app(bundle, device=None if args.device == "auto" else args.device,
                       precision=None if args.precision == "profile" else args.precision,
-                      queue=queue)
+                      queue=queue,
+                      inference_cpus=placement.inference if placement else None)
+
+
+def _cpu_placement(setting: str, threads: int) -> CpuPlacement | None:
+    """--inference-cpus: move this process's threads off the model's CPUs now; the
+    inference thread pins itself to them when it starts (see worker.cpus)."""
+    from worker.cpus import apply_to_process, plan_placement
+
+    if not hasattr(os, "sched_setaffinity"):
+        if setting.strip().lower() not in ("", "off"):
+            logging.getLogger("heron.worker").warning(
+                "--inference-cpus needs Linux CPU affinity; ignored here")
+        return None
+    try:
+        placement = plan_placement(setting, threads, os.sched_getaffinity(0))
+        if placement is not None:
+            apply_to_process(placement)
+    except ValueError as exc:
+        raise ConfigError("--inference-cpus", setting, str(exc)) from None
+    return placement
 
 
 def _run_worker(args: argparse.Namespace, queue: QueueMode | None) -> int:
@@ -79,6 +101,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     load_bundle(args.bundle)  # a bad bundle fails here, not in every process
     args.threads = args.threads or threads_per_process(processes)
     log = logging.getLogger("heron.serve")
+    if args.inference_cpus.strip().lower() not in ("", "off"):
+        # Every process would pin its model to the same CPUs.
+        log.warning("--inference-cpus applies to one-process workers; ignored with %d "
+                    "processes", processes)
+        args.inference_cpus = "off"
     with tempfile.TemporaryDirectory(prefix="heron-metrics-") as metrics_dir:
         # Inherited by the processes uvicorn spawns: their arguments and shared metrics.
         os.environ[_SERVE_ARGS_ENV] = json.dumps(vars(args), default=str)
@@ -202,6 +229,12 @@ def _add_worker_args(parser: argparse.ArgumentParser, default_port: int) -> None
                         default=int(os.environ.get("HERON_THREADS", "0")),
                         help="torch intra-op threads (0: torch's default, one per core; with "
                              "several serve --workers, the usable CPUs split between them)")
+    parser.add_argument("--inference-cpus",
+                        default=os.environ.get("HERON_INFERENCE_CPUS", "off"),
+                        help="CPUs for the inference thread, the rest of the worker on the "
+                             "others: off (default), auto (the first --threads usable CPUs, "
+                             "when there are more), or a list such as 0-3 (only where the "
+                             "CPUs are the worker's own; see docs/operations.md)")
     parser.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
     parser.add_argument("--access-log", action="store_true")
 

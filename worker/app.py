@@ -59,14 +59,16 @@ class WorkerApp:
     def __init__(self, bundle: Bundle, *, device: str | None = None,
                  precision: str | None = None,
                  extra_models: list[ModelConfig] | None = None,
-                 queue: QueueMode | None = None) -> None:
+                 queue: QueueMode | None = None,
+                 inference_cpus: frozenset[int] | None = None) -> None:
         adopt_library_logs()  # transformers is imported by now: JSON logs stay JSON
         self.metrics = WorkerMetrics()
         self.registry = ModelRegistry(bundle, device=device, precision=precision,
                                       extra_models=extra_models,
                                       on_batch=self.metrics.observe_batch,
                                       on_evict=self.metrics.observe_eviction,
-                                      on_load=self.metrics.observe_load)
+                                      on_load=self.metrics.observe_load,
+                                      inference_cpus=inference_cpus)
         self.service = InferenceService(self.registry, on_phases=self.metrics.observe_phases)
         self.queue = queue
         self.cluster: WorkerCluster | None = None
@@ -247,6 +249,7 @@ class WorkerApp:
 
 def create_app(bundle: Bundle, *, device: str | None = None, precision: str | None = None,
                extra_models: list[ModelConfig] | None = None,
-               queue: QueueMode | None = None) -> Starlette:
+               queue: QueueMode | None = None,
+               inference_cpus: frozenset[int] | None = None) -> Starlette:
     return WorkerApp(bundle, device=device, precision=precision, extra_models=extra_models,
-                     queue=queue).build()
+                     queue=queue, inference_cpus=inference_cpus).build()

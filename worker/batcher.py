@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,13 +57,17 @@ class WorkItem:
 
 class TokenBudgetBatcher:
     def __init__(self, *, max_batch_tokens: int, max_batch_items: int, max_wait_s: float,
-                 max_queue_items: int, packed: bool = False) -> None:
+                 max_queue_items: int, packed: bool = False,
+                 arrivals_open: Callable[[], bool] | None = None) -> None:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_items = max_batch_items
         self.max_wait_s = max_wait_s
         self.max_queue_items = max_queue_items
         # Packed batches (no padding) cost their real tokens, not longest x items.
         self.packed = packed
+        # False while nothing more can be submitted until a batch is taken (queue mode: the
+        # worker holds all the work it may fetch ahead): then waiting gains nothing.
+        self._arrivals_open = arrivals_open or _always_open
         self._seq = itertools.count()
         self._items: dict[int, WorkItem] = {}
         self._by_length: list[tuple[int, int]] = []  # (length, seq), sorted
@@ -122,7 +127,8 @@ class TokenBudgetBatcher:
             waited = time.monotonic() - since
             full = (len(self._items) >= cap
                     or self._queued_tokens >= self.max_batch_tokens)
-            if not full and waited < self.max_wait_s and self.cost.worth_waiting():
+            if (not full and waited < self.max_wait_s and self.cost.worth_waiting()
+                    and self._arrivals_open()):
                 # More items are likely to arrive before another forward pass would have
                 # paid for itself: wait for one (bounded), then decide again.
                 before = len(self._items)
@@ -228,6 +234,10 @@ class TokenBudgetBatcher:
                 continue
             live.append(item)
         return live
+
+
+def _always_open() -> bool:
+    return True
 
 
 class BatchCostModel:

@@ -78,6 +78,7 @@ class WorkerCluster:
                                      lookahead_items=self.lookahead_items,
                                      metrics=self.metrics)
         await self.consumer.start()
+        self.registry.arrivals_open = self.consumer.can_fetch
         log.info("worker %s consuming pool %s", self.queue.worker_id, self.queue.pool)
 
     def _on_config(self, snapshot: Snapshot) -> None:
@@ -120,6 +121,7 @@ class WorkerCluster:
         if self.status is not None:
             await self.status.stop()
         if self.consumer is not None:
+            self.registry.arrivals_open = None
             await self.consumer.drain()
         if self.nc is not None:
             with contextlib.suppress(Exception):

@@ -147,6 +147,11 @@ class WorkConsumer:
         HTTP requests' items counts too: a worker serving both fetches a little more.)"""
         return max(0, self._held_items - self.service.items_in_forward())
 
+    def can_fetch(self) -> bool:
+        """Whether more work may be fetched now: False while the worker holds all it may
+        (the batchers then do not wait for more: nothing comes before a batch is taken)."""
+        return self.backlog < self.lookahead_items and not self._room.locked()
+
     async def start(self) -> None:
         await ensure_work_stream(self.js, self.spec)
         await ensure_dlq_stream(self.js)

@@ -33,6 +33,7 @@ import torch
 from sdk.errors import ErrorCode, HeronError
 from sdk.modelconfig import Bundle, ModelConfig, Profile
 from worker.adapters import ADAPTERS
+from worker.cpus import pin_this_thread
 from worker.memory import (
     InsufficientMemory,
     MemoryPolicy,
@@ -136,7 +137,8 @@ class ModelRegistry:
                  on_batch: Callable[[str, BatchStats], None] | None = None,
                  memory: MemoryPolicy | None = None,
                  on_evict: Callable[[str, str], None] | None = None,
-                 on_load: Callable[[str, str, float], None] | None = None) -> None:
+                 on_load: Callable[[str, str, float], None] | None = None,
+                 inference_cpus: frozenset[int] | None = None) -> None:
         self.bundle = bundle
         self.memory = memory or MemoryPolicy.from_env()
         self._on_evict = on_evict
@@ -163,7 +165,13 @@ class ModelRegistry:
         # its own OpenMP team, whose workers spin between regions: two live teams on a small
         # CPU halve throughput (measured: MiniLM single-item forward 6.9 ms -> 14.4 ms once
         # a second thread had run one forward pass). Loads run on a fresh thread that exits.
-        self._cpu_infer_pool = ThreadPoolExecutor(1, thread_name_prefix="infer-cpu")
+        # inference_cpus (worker.cpus): the thread pins itself, and its OpenMP team inherits.
+        self._cpu_infer_pool = ThreadPoolExecutor(
+            1, thread_name_prefix="infer-cpu",
+            initializer=None if inference_cpus is None else pin_this_thread,
+            initargs=() if inference_cpus is None else (inference_cpus,))
+        # Set in queue mode (WorkerCluster): False while the worker may fetch no more work.
+        self.arrivals_open: Callable[[], bool] | None = None
 
     # ---- lookups -----------------------------------------------------------------------
     def entries(self) -> list[ModelEntry]:
@@ -324,10 +332,14 @@ class ModelRegistry:
         # On CUDA each model gets its own inference thread; on CPU they share one.
         runner = ModelRunner(adapter, tokenize_pool=self._tokenize_pool,
                              infer_pool=self._cpu_infer_pool if device.type == "cpu" else None,
-                             autocast_dtype=autocast_dtype, on_batch=on_batch)
+                             autocast_dtype=autocast_dtype, on_batch=on_batch,
+                             arrivals_open=self._arrivals_open)
         entry.device = str(device)
         entry.dtype = str(autocast_dtype or weights_dtype).removeprefix("torch.")
         return runner
+
+    def _arrivals_open(self) -> bool:
+        return self.arrivals_open is None or self.arrivals_open()
 
     # ---- eviction ----------------------------------------------------------------------
     def _over(self, extra_bytes: int = 0) -> str | None:

@@ -49,13 +49,14 @@ class ModelRunner:
     def __init__(self, adapter: Adapter, *, tokenize_pool: ThreadPoolExecutor,
                  infer_pool: ThreadPoolExecutor | None = None,
                  autocast_dtype: torch.dtype | None = None,
-                 on_batch: Callable[[BatchStats], None] | None = None) -> None:
+                 on_batch: Callable[[BatchStats], None] | None = None,
+                 arrivals_open: Callable[[], bool] | None = None) -> None:
         self.adapter = adapter
         profile = adapter.profile
         self.batcher = TokenBudgetBatcher(
             max_batch_tokens=profile.max_batch_tokens, max_batch_items=profile.max_batch_items,
             max_wait_s=profile.max_wait_ms / 1000.0, max_queue_items=profile.max_queue_items,
-            packed=adapter.packed)
+            packed=adapter.packed, arrivals_open=arrivals_open)
         self._tokenize_pool = tokenize_pool
         # Must be a single thread: see ModelRegistry for why CPU models share one.
         self._own_pool = infer_pool is None

@@ -2,7 +2,8 @@
 service is a stand-in whose forward pass the test controls):
 
 - a busy worker holds at most ``lookahead_items`` beyond its running forward pass, so
-  the rest stays in the stream for an idle worker of the same pool;
+  the rest stays in the stream for an idle worker of the same pool (and while it holds
+  that many, ``can_fetch`` tells its batchers that no more work can come);
 - an item that computes for longer than the ack wait is kept alive, not redelivered.
 """
 
@@ -83,6 +84,7 @@ async def test_a_busy_worker_leaves_work_for_an_idle_one(nats_server: NatsServer
     sub = await nc.subscribe(inbox)
     try:
         await busy.start()
+        assert busy.can_fetch()  # nothing held: its batchers may wait for work to come
         await _publish(nc.jetstream(), pool, inbox, [f"text {i}" for i in range(20)])
         for _ in range(50):  # the busy worker takes what its lookahead allows, then stops
             await asyncio.sleep(0.05)
@@ -91,6 +93,7 @@ async def test_a_busy_worker_leaves_work_for_an_idle_one(nats_server: NatsServer
         await asyncio.sleep(0.3)
         assert len(busy_service.calls) == 4, busy_service.calls
         assert busy.backlog == 4
+        assert not busy.can_fetch()  # full: its batchers close a batch without waiting
 
         # An idle worker of the same pool gets everything the busy one left in the stream.
         await idle.start()
@@ -100,6 +103,11 @@ async def test_a_busy_worker_leaves_work_for_an_idle_one(nats_server: NatsServer
 
         busy_service.released.set()  # its forward pass ends: its four are answered too
         answered += await _answers(sub, 4)
+        for _ in range(50):
+            if busy.can_fetch():
+                break
+            await asyncio.sleep(0.02)
+        assert busy.can_fetch()
         assert sorted(answered) == sorted(f"r{i}" for i in range(20))  # each exactly once
     finally:
         busy_service.released.set()

@@ -134,6 +134,32 @@ async def test_does_not_wait_when_arrivals_are_sparse() -> None:
     assert len(batch) == 1 and time.monotonic() - started < 0.05
 
 
+async def test_does_not_wait_while_no_more_work_can_arrive() -> None:
+    """Queue mode: while the worker holds all the work it may fetch, nothing can join the
+    batch, so it closes at once however fast items have been arriving."""
+    can_fetch = False
+    b = TokenBudgetBatcher(max_batch_tokens=1000, max_batch_items=8, max_wait_s=0.5,
+                           max_queue_items=100, arrivals_open=lambda: can_fetch)
+
+    async def batch_of(now: int, later: int) -> list[WorkItem]:
+        make(b, [5] * now)
+        b.cost.overhead_s, b.cost.expected_gap_s = 0.05, 0.02  # waiting would pay
+
+        async def arrive() -> None:
+            await asyncio.sleep(0.01)
+            make(b, [5] * later)
+
+        task = asyncio.create_task(arrive())
+        batch = await asyncio.wait_for(b.next_batch(), 2)
+        await task
+        return batch
+
+    assert len(await batch_of(2, 2)) == 2  # closed at once: the 2 later ones wait
+    assert len(await b.next_batch()) == 2
+    can_fetch = True  # room to fetch again: the same queue waits for more
+    assert len(await batch_of(1, 2)) == 3
+
+
 async def test_arrival_gaps_are_learned() -> None:
     b = new()
     for _ in range(40):
