@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,28 @@ def best_ceiling(texts_file: Path, *, seconds: float, dtype: str | None,
     best = max((single, layout), key=lambda c: c["sentences_per_s"])
     return {**best, "one_process": single["sentences_per_s"],
             "server_layout": layout["sentences_per_s"]}
+
+
+def interleaved_pairs(pairs: int, ceiling: Callable[[], float],
+                      server_step: Callable[[], dict[str, Any]], *,
+                      log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``pairs`` x (the ceiling, then at once a 64-client step on the server): ratios of
+    measurements taken seconds apart, so a drift of the machine's speed over minutes
+    (5-12% seen on the CI machine) cancels out. The server stays up, idle, while the
+    ceiling runs."""
+    runs = []
+    for i in range(pairs):
+        top = ceiling()
+        step = server_step()
+        ratio = step["throughput_rps"] / top
+        runs.append({"ceiling": top, "server": step["throughput_rps"],
+                     "latency_ms": step["latency_ms"], "non_2xx": step["non_2xx"],
+                     "ratio": round(ratio, 3)})
+        if log is not None:
+            log(f"pair {i + 1}/{pairs}: ceiling {top}/s, server {step['throughput_rps']}/s "
+                f"at 64 clients: {ratio:.1%}")
+    ratios = sorted(r["ratio"] for r in runs)
+    return {"connections": 64, "runs": runs, "median_ratio": ratios[len(ratios) // 2]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,10 @@ ceiling is the raw model with one thread on that CPU: the same threads and preci
 The raw-model ceiling runs before the cluster starts and again after it stops; the JSON
 records both (``ceiling.before_cluster``, ``ceiling.drift``), and a drift over 5% is
 logged as a warning: the machine's speed changed, so the run's ratios are suspect.
+``--pairs N`` (default 3; 0: none): then N interleaved pairs, each the ceiling (run while
+the cluster sits idle) followed at once by a 64-client step on the cluster path; each
+pair's ratio compares two measurements seconds apart, so a drift of the machine's speed
+over minutes cancels out. The JSON's ``pairs`` holds them and their median ratio.
 Prints one JSON document and writes DIR/cluster_bench.json (DIR: bench/results/).
 """
 
@@ -42,7 +46,7 @@ from typing import Any
 
 import psutil
 
-from bench.ceiling import best_ceiling
+from bench.ceiling import best_ceiling, interleaved_pairs
 from bench.load import run_wrk, write_bodies
 from bench.server import REPO, free_port, http, on_cpus, pin_process
 from bench.texts import LONG_TAIL, build_workload
@@ -114,7 +118,8 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1, threads: int = 
 
 
 def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
-        split_cores: bool = False, free_inference: bool = False) -> dict[str, Any]:
+        split_cores: bool = False, free_inference: bool = False,
+        pairs: int = 0) -> dict[str, Any]:
     duration = 4.0 if quick else 10.0
     connections = [1, 8, 32, 64]
     work = Path(tempfile.mkdtemp(prefix="heron-cluster-bench-"))
@@ -178,6 +183,12 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
             log(f"c={c}: " + ", ".join(f"{side} {row[side]['throughput_rps']}/s"
                                         for side in sides))
             rows.append(row)
+        if pairs:
+            result["pairs"] = interleaved_pairs(
+                pairs, lambda: best_ceiling(texts_file, seconds=ceiling_s / 2, dtype=dtype,
+                                            processes=workers, threads=threads,
+                                            cpus=ceiling_cpus)["sentences_per_s"],
+                lambda: step(sides["cluster"], single, 64, duration), log=log)
     result["minilm"] = rows
     log(f"the raw-model ceiling ({dtype}), with the cluster stopped")
     ceiling = best_ceiling(texts_file, seconds=ceiling_s, dtype=dtype,
@@ -239,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--free-inference", action="store_true",
                         help="with --split-cores: the worker's threads free on all CPUs "
                              "(no --inference-cpus)")
+    parser.add_argument("--pairs", type=int, default=3,
+                        help="interleaved (ceiling, 64-client cluster step) pairs after the "
+                             "sweep (0: none)")
     parser.add_argument("--workers", default="auto",
                         help="worker processes (auto: as many as heron serve --workers auto)")
     args = parser.parse_args(argv)
@@ -246,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workers = serve_processes(args.workers, "auto")
     print(json.dumps(run(args.quick, args.out, args.long_tail, workers, args.split_cores,
-                         args.free_inference), indent=2))
+                         args.free_inference, args.pairs), indent=2))
     return 0
 
 

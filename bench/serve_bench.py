@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from bench.ceiling import best_ceiling
+from bench.ceiling import best_ceiling, interleaved_pairs
 from bench.load import find_wrk, run_wrk, write_bodies
 from bench.server import Server, http, start_server
 from bench.texts import LONG_TAIL, Workload, build_workload
@@ -56,6 +56,9 @@ class Settings:
     threads: int  # torch threads for server and ceiling; 0: torch's default
     long_tail: bool = False  # the 8-256-token workload (bench.texts.LONG_TAIL)
     workers: str = "auto"  # heron serve --workers
+    # Interleaved (ceiling, 64-client step) pairs after the steps. Off by default: one pair
+    # in three measured half the usual throughput (docs/benchmarks.md, issue #6).
+    pairs: int = 0
 
     @property
     def layout(self) -> tuple[int, int]:
@@ -81,6 +84,7 @@ class Settings:
             threads=args.threads or int(os.environ.get("HERON_THREADS", "0") or 0),
             long_tail=args.long_tail,
             workers=args.workers,
+            pairs=args.pairs,
         )
 
 
@@ -165,10 +169,11 @@ def load_steps(server: Server, bodies: Path, settings: Settings) -> list[dict[st
     return steps
 
 
-def run_ceiling(texts_file: Path, settings: Settings, dtype: str | None) -> dict[str, Any]:
+def run_ceiling(texts_file: Path, settings: Settings, dtype: str | None,
+                seconds: float | None = None) -> dict[str, Any]:
     """The raw model at the precision the server reported (``dtype``), in its layout."""
     processes, threads = settings.layout
-    return best_ceiling(texts_file, seconds=settings.ceiling_s, dtype=dtype,
+    return best_ceiling(texts_file, seconds=seconds or settings.ceiling_s, dtype=dtype,
                         processes=processes, threads=threads,
                         batch_size=settings.ceiling_batch, log=log)
 
@@ -190,6 +195,15 @@ def run(settings: Settings, out: Path) -> dict[str, Any]:
             log(f"server pid {server.pid} ready on {server.url}")
             server_info = check_server(server, workload)
             steps = load_steps(server, bodies, settings)
+            pairs = None
+            if settings.pairs:
+                pairs = interleaved_pairs(
+                    settings.pairs,
+                    lambda: run_ceiling(texts_file, settings, server_info.get("dtype"),
+                                        seconds=settings.ceiling_s / 2)["sentences_per_s"],
+                    lambda: run_wrk(f"{server.url}/v1/encode/{MODEL}", bodies,
+                                    connections=64, duration_s=settings.duration_s,
+                                    threads=settings.wrk_threads).summary(), log=log)
         log("server stopped; measuring the raw-model ceiling")
         ceiling = run_ceiling(texts_file, settings, server_info.get("dtype"))
     log(f"ceiling: {ceiling['sentences_per_s']} sentences/s")
@@ -215,6 +229,7 @@ def run(settings: Settings, out: Path) -> dict[str, Any]:
         "concurrency": steps,
         "ceiling": ceiling,
         "ratio": {str(s["connections"]): s["ratio_to_ceiling"] for s in steps},
+        "pairs": pairs,
     }
 
 
@@ -240,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wrk-threads", type=int, default=1)
     parser.add_argument("--workers", default="auto",
                         help="heron serve --workers (auto: as shipped)")
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="interleaved (ceiling with the server idle, 64-client step) "
+                             "pairs after the steps (default 0: none)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads for server and ceiling (0: torch's default)")
     args = parser.parse_args(argv)

@@ -8,6 +8,8 @@ restart. ``model_status`` answers GET /v1/configs/models/{id}/status from heartb
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -65,6 +67,8 @@ class GatewayConfigSync:
         self.source = source
         self.follower = ConfigFollower(config_url, on_change=self._on_change)
         self._started = False
+        self._declaring: asyncio.Task | None = None
+        self._declare_again = False
 
     async def start(self, nc: NatsClient) -> None:
         if not self._started:
@@ -73,6 +77,10 @@ class GatewayConfigSync:
 
     async def stop(self) -> None:
         await self.follower.stop()
+        if self._declaring is not None:
+            self._declaring.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._declaring
 
     async def _on_change(self, snapshot: Snapshot) -> None:
         previous = self.source.snapshot
@@ -86,15 +94,32 @@ class GatewayConfigSync:
             return
         for pool, bundle in registry.pools().items():
             self.gateway.health.expect(pool, bundle, registry.bundle_hash(pool))
-        link = self.gateway.link
-        if link.ready and link.nc is not None:
-            try:  # new pools' streams; best effort: a reconnect declares them again
-                await self.gateway.declare_streams(link.nc, link.js)
-            except Exception as exc:
-                log.warning("declaring streams after config epoch %s failed: %s",
-                            snapshot.get("epoch"), exc)
+        self._declare_streams_soon(snapshot.get("epoch"))
         log.info("config epoch %s applied: %d models", snapshot.get("epoch"),
                  len(registry.models()))
+
+    def _declare_streams_soon(self, epoch: Any) -> None:
+        """New pools' streams, in a task of their own: while NATS is away (and before the
+        client has noticed), JetStream calls wait out their timeouts, and the config
+        follower must keep applying epochs meanwhile. Best effort: a reconnect declares
+        them again."""
+        if self._declaring is not None and not self._declaring.done():
+            self._declare_again = True
+            return
+        self._declaring = asyncio.get_running_loop().create_task(self._declare(epoch))
+
+    async def _declare(self, epoch: Any) -> None:
+        while True:
+            self._declare_again = False
+            link = self.gateway.link
+            if link.ready and link.nc is not None:
+                try:
+                    await self.gateway.declare_streams(link.nc, link.js)
+                except Exception as exc:
+                    log.warning("declaring streams after config epoch %s failed: %s",
+                                epoch, exc)
+            if not self._declare_again:
+                return
 
     @property
     def epoch(self) -> int:
