@@ -47,6 +47,12 @@ async def post_all(url: str, texts: list[str], limit: int) -> list[tuple[int, di
         return list(await asyncio.gather(*(one(t) for t in texts)))
 
 
+def log_tails(*procs: GatewayProcess | WorkerProcess, chars: int = 4000) -> str:
+    """The end of each process's log, and whether it is still running."""
+    return "\n".join(f"--- {p.log_path.name} (exit code {p.proc.poll()}):\n"
+                     f"{p.log_path.read_text(errors='replace')[-chars:]}" for p in procs)
+
+
 def reference(http: httpx.Client, texts: list[str]) -> np.ndarray:
     body = http.post("/v1/encode/minilm", json={"items": texts}, timeout=120).json()
     return np.array([i["dense"] for i in body["items"]])
@@ -71,7 +77,10 @@ def test_kill_9_one_of_two_workers_under_load(nats_server: NatsServer, tmp_path:
             a.proc.send_signal(signal.SIGKILL)
             return await asyncio.wait_for(task, 120)  # none hangs
 
-        results = asyncio.run(run())
+        try:
+            results = asyncio.run(run())
+        except httpx.TransportError as exc:  # the gateway dropped a connection: show why
+            raise AssertionError(f"{exc!r}\n{log_tails(gateway, b)}") from exc
         assert a.proc.wait(10) == -signal.SIGKILL
         statuses = [s for s, _, _ in results]
         assert statuses == [200] * len(texts), {s: statuses.count(s) for s in set(statuses)}
