@@ -56,9 +56,7 @@ class Settings:
     threads: int  # torch threads for server and ceiling; 0: torch's default
     long_tail: bool = False  # the 8-256-token workload (bench.texts.LONG_TAIL)
     workers: str = "auto"  # heron serve --workers
-    # Interleaved (ceiling, 64-client step) pairs after the steps. Off by default: one pair
-    # in three measured half the usual throughput (docs/benchmarks.md, issue #6).
-    pairs: int = 0
+    pairs: int = 3  # interleaved (ceiling, 64-client step) pairs after the steps
 
     @property
     def layout(self) -> tuple[int, int]:
@@ -255,9 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wrk-threads", type=int, default=1)
     parser.add_argument("--workers", default="auto",
                         help="heron serve --workers (auto: as shipped)")
-    parser.add_argument("--pairs", type=int, default=0,
+    parser.add_argument("--pairs", type=int, default=3,
                         help="interleaved (ceiling with the server idle, 64-client step) "
-                             "pairs after the steps (default 0: none)")
+                             "pairs after the steps (0: none)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads for server and ceiling (0: torch's default)")
     args = parser.parse_args(argv)

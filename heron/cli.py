@@ -112,8 +112,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         log.info("serving with %d processes of %d torch threads each", processes,
                  args.threads)
-        uvicorn.run("heron.cli:serve_app_from_env", factory=True, workers=processes,
-                    **_uvicorn_options(args))
+        from heron.processes import run_processes
+
+        # A listening socket per process (heron.processes): connections spread evenly.
+        run_processes(uvicorn.Config("heron.cli:serve_app_from_env", factory=True,
+                                     workers=processes, **_uvicorn_options(args)))
     return 0
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 import yaml
 
 from heron.cli import serve_processes, usable_cpus
-from tests.servers import start_serve
+from tests.servers import REPO, start_serve
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -76,3 +79,60 @@ def test_two_processes_serve_one_port_and_report_all_requests(
         server.stop()
     assert server.proc.returncode == 0
     assert not [p for p in servers if p.is_running() and p.status() != "zombie"]
+
+
+def established(process: psutil.Process, port: int) -> int:
+    return sum(1 for c in process.net_connections(kind="tcp")
+               if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def test_bursts_of_connections_spread_over_the_processes_and_a_dead_one_is_replaced(
+        tmp_path: Path) -> None:
+    """Each process listens on a socket of its own (SO_REUSEPORT): a burst of new
+    connections after an idle moment is spread by the kernel. (With one shared socket, one
+    process took all 64 connections of a burst in 2 bursts of 10.)"""
+    server = start_serve("null", tmp_path, extra_args=["--workers", "2"])
+    port = int(server.url.rsplit(":", 1)[1])
+    parent = psutil.Process(server.proc.pid)
+
+    def processes() -> list[psutil.Process]:
+        return [p for p in parent.children(recursive=True)
+                if "spawn_main" in " ".join(p.cmdline())]
+
+    try:
+        assert len(processes()) == 2
+        for _ in range(3):
+            time.sleep(1.0)  # idle: both processes wait in their event loops
+            burst = [socket.create_connection(("127.0.0.1", port)) for _ in range(32)]
+            time.sleep(0.3)
+            counts = sorted(established(p, port) for p in processes())
+            for s in burst:
+                s.close()
+            assert sum(counts) == 32 and counts[0] >= 4, counts
+
+        # A second server on the same port is refused, as with a plain bind.
+        second = subprocess.run(
+            [sys.executable, "-m", "heron.cli", "serve", "--bundle", "null", "--workers", "2",
+             "--port", str(port)], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert second.returncode != 0
+        assert f"127.0.0.1:{port} is already in use" in second.stderr
+
+        # A process that dies is replaced, and its socket goes with it: every new
+        # connection is answered.
+        victim = processes()[0]
+        victim.kill()
+        victim.wait(10)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            alive = [p for p in processes() if p.pid != victim.pid and p.is_running()]
+            if len(alive) == 2 and all(httpx.get(server.url + "/readyz", timeout=5,
+                                                 headers={"Connection": "close"}
+                                                 ).status_code == 200 for _ in range(10)):
+                break
+            time.sleep(0.5)
+        for i in range(40):
+            r = httpx.post(server.url + "/v1/encode/null-model", json={"items": [f"t {i}"]},
+                           headers={"Connection": "close"}, timeout=10)
+            assert r.status_code == 200, r.text
+    finally:
+        server.stop()
