@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import socket
 
 import uvicorn
 from uvicorn.supervisors import Multiprocess
+
+log = logging.getLogger("heron.serve")
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -79,6 +82,8 @@ def run_processes(config: uvicorn.Config) -> None:
     shared = config.port == 0 or config.uds or config.fd is not None
     if not shared:
         check_port_free(config.host, config.port)
+        log.info("listening on http://%s:%d, a socket per process (press CTRL+C to quit)",
+                 config.host, config.port)
     supervisor = (Multiprocess(config, sockets=[config.bind_socket()]) if shared
                   else ReusePortMultiprocess(config))
     with contextlib.suppress(KeyboardInterrupt):
