@@ -67,10 +67,10 @@ def _build_worker_app(args: argparse.Namespace, queue: QueueMode | None) -> obje
 def _cpu_placement(setting: str, threads: int) -> CpuPlacement | None:
     """--inference-cpus: move this process's threads off the model's CPUs now; the
     inference thread pins itself to them when it starts (see worker.cpus)."""
-    from worker.cpus import apply_to_process, plan_placement
+    from worker.cpus import apply_to_process, placement_requested, plan_placement
 
     if not hasattr(os, "sched_setaffinity"):
-        if setting.strip().lower() not in ("", "off"):
+        if placement_requested(setting):
             logging.getLogger("heron.worker").warning(
                 "--inference-cpus needs Linux CPU affinity; ignored here")
         return None
@@ -101,7 +101,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     load_bundle(args.bundle)  # a bad bundle fails here, not in every process
     args.threads = args.threads or threads_per_process(processes)
     log = logging.getLogger("heron.serve")
-    if args.inference_cpus.strip().lower() not in ("", "off"):
+    from worker.cpus import placement_requested
+
+    if placement_requested(args.inference_cpus):
         # Every process would pin its model to the same CPUs.
         log.warning("--inference-cpus applies to one-process workers; ignored with %d "
                     "processes", processes)

@@ -26,11 +26,16 @@ from uvicorn.supervisors import Multiprocess
 log = logging.getLogger("heron.serve")
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port with SO_REUSEPORT (listen() happens in the child)."""
+def _tcp_socket(host: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return sock
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port with SO_REUSEPORT (listen() happens in the child)."""
+    sock = _tcp_socket(host)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
@@ -41,9 +46,7 @@ def check_port_free(host: str, port: int) -> None:
     """Fail as a plain bind would when something already listens there: with
     SO_REUSEPORT, a second `heron serve` on the same port would otherwise join the first
     one's group silently and take half its connections."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    with _tcp_socket(host) as probe:
         try:
             probe.bind((host, port))
         except OSError as exc:

@@ -39,6 +39,11 @@ class CpuPlacement:
                 f"the worker on {format_cpu_list(self.others)}")
 
 
+def placement_requested(setting: str) -> bool:
+    """Whether an ``--inference-cpus`` value asks for any pinning (not ``off``/empty)."""
+    return setting.strip().lower() not in ("", OFF)
+
+
 def parse_cpu_list(text: str) -> frozenset[int]:
     """``"0-3,6"`` -> {0, 1, 2, 3, 6} (the Linux cpuset list format)."""
     cpus: set[int] = set()
@@ -72,9 +77,9 @@ def plan_placement(setting: str, threads: int,
     rest, only if the worker may use more CPUs than it runs torch threads. A CPU list:
     those for inference, the remaining allowed ones for the rest (all of them if none
     remain)."""
-    setting = setting.strip().lower()
-    if setting in ("", OFF):
+    if not placement_requested(setting):
         return None
+    setting = setting.strip().lower()
     if setting == AUTO:
         if len(allowed) <= threads:
             log.info("inference CPUs auto: %d torch threads on %d usable CPUs, none to spare "

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.server import on_cpus, pin_process
+from worker.cpus import parse_cpu_list
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 
@@ -28,11 +29,7 @@ sys.stdin.read()
 def allowed(pid: int, tid: str) -> set[int]:
     status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
     line = next(ln for ln in status.splitlines() if ln.startswith("Cpus_allowed_list:"))
-    cpus: set[int] = set()
-    for part in line.split(":", 1)[1].strip().split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
+    return set(parse_cpu_list(line.split(":", 1)[1]))
 
 
 def test_child_starts_on_the_cpus_given_and_every_thread_moves() -> None:
