@@ -67,8 +67,9 @@ class _Pending:
     items: int  # all the request's items
     answered: int = 0  # items whose slice's result arrived (no longer outstanding)
     published_at: float = 0.0  # monotonic, when publishing began
-    # The longest (result arrival - published_at - the worker's own time) of any slice.
-    unaccounted_s: float = 0.0
+    # The last slice's (result arrival - published_at - the worker's own time); None while
+    # no result has told its worker's time.
+    unaccounted_s: float | None = None
 
 
 class Dispatcher:
@@ -112,7 +113,7 @@ class Dispatcher:
                            asyncio.get_running_loop().create_future(), len(work.items))
         self._pending[inbox_key] = pending
         self._add_outstanding(work.pool, len(work.items))
-        timings = pending.reassembly.timings
+        timings = pending.reassembly.gateway_timings
         try:
             pending.published_at = time.monotonic()
             with telemetry.span(telemetry.GATEWAY, "publish", kind=SpanKind.PRODUCER,
@@ -135,7 +136,8 @@ class Dispatcher:
             self._forget(inbox_key)
         if pending.reassembly.error is not None:
             raise pending.reassembly.error
-        timings["queue_wait"] = max(0.0, pending.unaccounted_s - timings["publish"])
+        timings["publish"], timings["queue_wait"] = split_unaccounted(
+            timings["publish"], pending.unaccounted_s)
         return pending.reassembly
 
     def _check_backlog(self, pool: str, count: int) -> None:
@@ -210,10 +212,9 @@ class Dispatcher:
             count = int(message["count"])
             pending.answered += count
             self._add_outstanding(pending.pool, -count)
-            worker_s = (message.get("timings") or {}).get("total", 0.0)
-            if isinstance(worker_s, int | float):
-                pending.unaccounted_s = max(pending.unaccounted_s,
-                                            arrived - pending.published_at - worker_s)
+            worker_s = (message.get("timings") or {}).get("total")
+            if isinstance(worker_s, int | float):  # the last slice's: see Reassembly.timings
+                pending.unaccounted_s = max(0.0, arrived - pending.published_at - worker_s)
         elif outcome in (Added.DUPLICATE, Added.UNEXPECTED):
             self.metrics.ignored_results.labels(outcome.value).inc()
         if pending.reassembly.done and not pending.done.done():
@@ -232,6 +233,19 @@ class Dispatcher:
 
     def pending_requests(self) -> int:
         return len(self._pending)
+
+
+def split_unaccounted(publish_s: float, unaccounted_s: float | None) -> tuple[float, float]:
+    """(publish, queue_wait) out of the time the last slice spent outside a worker (None:
+    unknown, no worker told its time).
+
+    A worker can answer before JetStream's ack reaches the gateway (the ack and the work
+    race on a busy host): the ack's wait then overlaps the worker's time, and ``publish``
+    is capped so the phases still follow one another inside the request's total."""
+    if unaccounted_s is None:
+        return publish_s, 0.0
+    publish_s = min(publish_s, max(0.0, unaccounted_s))
+    return publish_s, max(0.0, unaccounted_s - publish_s)
 
 
 async def _settle(coro: Any) -> Any:

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                     30)
 # A request's phases in the order they happen: the gateway's own two (publish, queue_wait)
-# then the worker's, as the slowest slice reported them (sdk.cluster result "timings").
+# then the worker's, as the slice that answered last reported them (sdk.cluster result "timings").
 PHASES = ("publish", "queue_wait", "tokenize", "batch_wait", "inference", "postprocess")
 # Workers before #7 reported the batcher wait as "queue": read it during a rolling upgrade.
 _LEGACY_PHASES = {"queue": "batch_wait"}
@@ -61,7 +61,7 @@ class GatewayMetrics:
 
 
 def gateway_phases(timings: Mapping[str, float]) -> dict[str, float]:
-    """The phases of ``timings`` (a Reassembly's: the gateway's and the slowest slice's)
+    """The phases of ``timings`` (a Reassembly's: the gateway's and the last slice's)
     that a request reports, in ``PHASES`` order; missing ones are left out."""
     named = {_LEGACY_PHASES.get(k, k): v for k, v in timings.items()}
     return {phase: named[phase] for phase in PHASES if phase in named}

@@ -37,8 +37,15 @@ class Reassembly:
         self.partial = partial
         self.bodies: dict[int, dict[str, Any]] = {}
         self.failed: dict[int, HeronError] = {}  # partial: slices that failed server-side
-        self.timings: dict[str, float] = {}
+        self.gateway_timings: dict[str, float] = {}  # publish, queue_wait: the dispatcher's
+        self.worker_timings: dict[str, float] = {}  # the slice that answered last
         self.error: HeronError | None = None
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """The gateway's phases and those of the slice that answered last: the request's
+        critical path, so the phases follow one another inside the gateway's total."""
+        return {**self.gateway_timings, **self.worker_timings}
 
     @property
     def missing(self) -> int:
@@ -77,9 +84,11 @@ class Reassembly:
                                     "with neither a body nor an error")
             return Added.FAILED
         self.bodies[start] = dict(body)
-        for phase, seconds in (message.get("timings") or {}).items():
-            # Slices run in parallel: the request waited as long as its slowest slice.
-            self.timings[phase] = max(self.timings.get(phase, 0.0), float(seconds))
+        # Slices run in parallel: the request waited for the one that answered last. Its
+        # phases are kept whole (per-phase maxima of different slices overlap in time).
+        self.worker_timings = {phase: float(seconds) for phase, seconds
+                               in (message.get("timings") or {}).items()
+                               if isinstance(seconds, int | float)}
         return Added.COMPLETE if not self.missing else Added.ACCEPTED
 
     def parts(self) -> list[tuple[int, dict[str, Any]]]:

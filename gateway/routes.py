@@ -205,7 +205,7 @@ class GatewayApp:
             scope.finish(status, None if model == "_unknown" else model)
 
     def _headers(self, request_id: str, answer: Answer, started: float) -> dict[str, str]:
-        """Server-Timing: the gateway's phases, the slowest slice's worker phases, and the
+        """Server-Timing: the gateway's phases, the last-answered slice's worker phases, and the
         gateway's total; each phase also goes to heron_gateway_phase_duration_seconds."""
         phases = gateway_phases(answer.timings)
         for phase, seconds in phases.items():

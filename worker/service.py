@@ -40,7 +40,8 @@ PhaseObserver = Callable[[str, Mapping[str, float]], None]  # (model id, phase -
 
 @dataclass(slots=True)
 class Timings:
-    """Seconds spent per phase; ``batch_wait`` and ``inference`` are the slowest item's."""
+    """Seconds spent per phase; ``batch_wait`` and ``inference`` are those of the item that
+    finished last, so the phases follow one another inside ``total``."""
 
     tokenize: float = 0.0
     batch_wait: float = 0.0  # in the model's batcher queue until its forward pass began
@@ -114,8 +115,10 @@ class InferenceService:
             raise HeronError(ErrorCode.DEADLINE_EXCEEDED,
                              f"request did not finish within timeout_s={options.timeout_s}"
                              ) from exc
-        timings.batch_wait = max(r.queue_s for r in results)
-        timings.inference = max(r.inference_s for r in results)
+        # The item that finished last tells both phases: maxima taken apart could add up to
+        # more than the time that passed (one item queued long, another's batch ran long).
+        last = max(results, key=lambda r: r.queue_s + r.inference_s)
+        timings.batch_wait, timings.inference = last.queue_s, last.inference_s
         if telemetry.enabled():  # measured by the batcher and the inference thread
             queued = telemetry.wall_ns(submitted)
             forward = queued + int(timings.batch_wait * 1e9)

@@ -13,6 +13,11 @@ def test_timing_headers_and_request_id(http: httpx.Client) -> None:
     assert list(phases) == ["tokenize", "batch_wait", "inference", "postprocess", "total"]
     assert float(phases["inference"]) > 0
     assert float(phases["total"]) >= float(phases["inference"])
+    # many items of varied lengths run in several batches: the phases are the last item's,
+    # one after another, never more than the total
+    batches = _phases(http.post("/v1/encode/minilm", json={
+        "items": ["word " * (1 + (i * 37) % 200) for i in range(96)]}))
+    assert batches["total"] >= sum(v for k, v in batches.items() if k != "total") - 0.1
     fresh = http.post("/v1/encode/minilm", json={"items": ["x"]}).headers["x-request-id"]
     assert len(fresh) == 32
     oai = http.post("/v1/embeddings", json={"model": "minilm", "input": "x"})
@@ -36,6 +41,13 @@ def test_gateway_timing_headers_cover_every_phase(cluster_url: str) -> None:
     assert min(phases.values()) >= 0 and phases["inference"] > 0
     # the phases follow one another inside the gateway's total (each rounded to 0.01 ms)
     assert phases["total"] >= sum(v for k, v in phases.items() if k != "total") - 0.1
+    # split into three work items (64 items each at most): the phases are the slice's that
+    # answered last, still inside the total
+    many = httpx.post(cluster_url + "/v1/encode/minilm",
+                      json={"items": [f"item {i}" for i in range(150)]}, timeout=60)
+    assert many.status_code == 200 and len(many.json()["items"]) == 150
+    split = _phases(many)
+    assert split["total"] >= sum(v for k, v in split.items() if k != "total") - 0.1
     metrics = httpx.get(cluster_url + "/metrics").text
     for phase in list(phases)[:-1]:
         assert _value(metrics, "heron_gateway_phase_duration_seconds_count", phase=phase,

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from gateway.dispatcher import split_unaccounted
 from gateway.reassembly import Added, Reassembly, merge_items, merge_scores, slice_error
 from gateway.slicing import Slice
 from sdk.errors import ErrorCode, HeronError
@@ -115,3 +116,26 @@ def test_merged_scores_match_one_slice_ranking() -> None:
     many = merge_scores("m", parts, {s: len(scores[s:s + 13]) for s in range(0, 40, 13)},
                         top_k=7)
     assert one["results"] == many["results"]
+
+
+def test_timings_are_the_last_answered_slice_whole_not_per_phase_maxima() -> None:
+    """Per-phase maxima of different slices overlap in time and could add up to more
+    than the request took; the slice that answered last is the request's critical path."""
+    r = Reassembly("r", SLICES[:2])
+    r.gateway_timings["publish"] = 0.001
+    first = {**encode_result(0, 3), "timings": {"batch_wait": 0.050, "inference": 0.010,
+                                                "total": 0.061}}
+    last = {**encode_result(3, 3), "timings": {"batch_wait": 0.005, "inference": 0.040,
+                                               "total": 0.046}}
+    assert r.add(first) is Added.ACCEPTED and r.add(last) is Added.COMPLETE
+    assert r.timings == {"publish": 0.001, "batch_wait": 0.005, "inference": 0.040,
+                         "total": 0.046}
+
+
+def test_publish_is_capped_by_the_time_outside_the_worker() -> None:
+    # the ack came back 4 ms after the worker had already answered: publish overlaps it
+    assert split_unaccounted(0.006, 0.002) == (0.002, 0.0)
+    publish, queue_wait = split_unaccounted(0.001, 0.0035)
+    assert publish == 0.001 and abs(queue_wait - 0.0025) < 1e-12
+    assert split_unaccounted(0.001, -0.0005) == (0.0, 0.0)  # clocks: never negative
+    assert split_unaccounted(0.001, None) == (0.001, 0.0)  # no worker told its time
