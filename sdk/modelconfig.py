@@ -70,7 +70,7 @@ class Profile:
     max_batch_items: int = 128
     max_wait_ms: float = 5.0  # the adaptive wait's bound (0: never wait; batcher.py)
     max_sequence_length: int | None = None  # None: the model's own limit
-    precision: str = "auto"  # auto: fp16 on CUDA, fp32 on CPU
+    precision: str = "auto"  # auto: fp16 on CUDA; bf16 autocast on CPUs with native bf16, else fp32
     device: str = "auto"
     pooling: str = "mean"
     normalize: bool = True
