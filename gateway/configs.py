@@ -94,11 +94,11 @@ class GatewayConfigSync:
             return
         for pool, bundle in registry.pools().items():
             self.gateway.health.expect(pool, bundle, registry.bundle_hash(pool))
-        self._declare_streams_soon(snapshot.get("epoch"))
+        self._declare_streams_soon()
         log.info("config epoch %s applied: %d models", snapshot.get("epoch"),
                  len(registry.models()))
 
-    def _declare_streams_soon(self, epoch: Any) -> None:
+    def _declare_streams_soon(self) -> None:
         """New pools' streams, in a task of their own: while NATS is away (and before the
         client has noticed), JetStream calls wait out their timeouts, and the config
         follower must keep applying epochs meanwhile. Best effort: a reconnect declares
@@ -106,9 +106,9 @@ class GatewayConfigSync:
         if self._declaring is not None and not self._declaring.done():
             self._declare_again = True
             return
-        self._declaring = asyncio.get_running_loop().create_task(self._declare(epoch))
+        self._declaring = asyncio.get_running_loop().create_task(self._declare())
 
-    async def _declare(self, epoch: Any) -> None:
+    async def _declare(self) -> None:
         while True:
             self._declare_again = False
             link = self.gateway.link
@@ -116,8 +116,9 @@ class GatewayConfigSync:
                 try:
                     await self.gateway.declare_streams(link.nc, link.js)
                 except Exception as exc:
+                    # the latest epoch: a rerun covers every epoch applied while one ran
                     log.warning("declaring streams after config epoch %s failed: %s",
-                                epoch, exc)
+                                self.epoch, exc)
             if not self._declare_again:
                 return
 
