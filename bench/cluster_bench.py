@@ -50,8 +50,8 @@ from bench.ceiling import best_ceiling, interleaved_pairs
 from bench.load import run_wrk, write_bodies
 from bench.server import REPO, free_port, http, on_cpus, pin_process
 from bench.texts import LONG_TAIL, build_workload
-from heron.cli import serve_processes, threads_per_process
-from worker.registry import cpu_has_native_bf16
+from heron.cli.main import serve_processes, threads_per_process
+from heron.worker.registry import cpu_has_native_bf16
 
 DRIFT_WARN = 0.05  # ceiling before vs after the cluster: beyond this, the run is suspect
 

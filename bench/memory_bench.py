@@ -36,7 +36,7 @@ import yaml
 from bench.load import run_wrk, write_bodies
 from bench.server import REPO, http, start_server
 from bench.texts import build_workload
-from sdk import Client, HeronError
+from heron_sdk import Client, HeronError
 
 
 def log(message: str) -> None:

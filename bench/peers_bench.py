@@ -70,7 +70,7 @@ from bench.server import REPO, http, start_server
 from bench.texts import LONG_TAIL, build_workload
 
 DEFAULT_OUT = Path(__file__).with_name("results")
-TARGET_RATIO = 1.3  # issue #6: Heron >= 1.3x the best peer's throughput, p99 no worse
+TARGET_RATIO = 1.3  # the target: Heron >= 1.3x the best peer's throughput, p99 no worse
 
 
 TARGETS = {
@@ -102,7 +102,7 @@ TARGETS = {
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
+class PeersBenchSettings:
     mode: str
     targets: tuple[str, ...]
     n_texts: int
@@ -117,7 +117,7 @@ class Settings:
     precisions: tuple[str, ...]  # fp32 and/or bf16, for every server
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Settings:
+    def from_args(cls, args: argparse.Namespace) -> PeersBenchSettings:
         quick = args.quick
         names = ["heron", *(p.strip() for p in args.peers.split(",") if p.strip())]
         unknown = [n for n in names if n not in TARGETS]
@@ -164,7 +164,7 @@ def precisions(spec: str) -> tuple[str, ...]:
     return out
 
 
-def run_target(run: Run, settings: Settings, workload_texts: list[str], longest: int,
+def run_target(run: Run, settings: PeersBenchSettings, workload_texts: list[str], longest: int,
                tmp: Path, out: Path, peer_model: Path | None,
                reference: list[float] | None) -> dict[str, Any]:
     target = run.target
@@ -241,7 +241,7 @@ def run_ceiling(python: Path, texts_file: Path, seconds: float,
     return dict(result)
 
 
-def runs(settings: Settings) -> list[Run]:
+def runs(settings: PeersBenchSettings) -> list[Run]:
     """Heron at its default precision ("heron") and at each other one ("heron-fp32"); each
     peer at each precision and, if batching, each batch size: "NAME[-bSIZE][-PRECISION]",
     the parts in brackets only where more than one value runs."""
@@ -308,7 +308,7 @@ def summarize(entries: list[dict[str, Any]], ceilings: dict[str, Any]) -> dict[s
     return summary
 
 
-def run(settings: Settings, out: Path) -> dict[str, Any]:
+def run(settings: PeersBenchSettings, out: Path) -> dict[str, Any]:
     find_wrk()  # fail before any work if it is missing
     machine = machine_info()
     log(f"workload: {settings.n_texts} texts (seed {settings.seed}, {LONG_TAIL})")
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-wait-ms", type=float, default=10.0,
                         help="LitServe's batch_timeout and mosec's max_wait_time")
     args = parser.parse_args(argv)
-    settings = Settings.from_args(args)
+    settings = PeersBenchSettings.from_args(args)
     try:
         result = run(settings, args.out)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:

@@ -61,7 +61,7 @@ class Run:
 
 
 class LoadSettings(Protocol):
-    """What ``measure`` reads of bench/peers_bench.py's ``Settings``."""
+    """What ``measure`` reads of bench/peers_bench.py's ``PeersBenchSettings``."""
 
     @property
     def connections(self) -> int: ...

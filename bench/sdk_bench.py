@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from bench.server import REPO, start_server
-from sdk import AsyncClient, Client
+from heron_sdk import AsyncClient, Client
 
 MODEL = "heron/null"
 

@@ -32,7 +32,7 @@ from bench.ceiling import best_ceiling, interleaved_pairs
 from bench.load import find_wrk, run_wrk, write_bodies
 from bench.server import Server, http, start_server
 from bench.texts import LONG_TAIL, Workload, build_workload
-from heron.cli import serve_processes, threads_per_process
+from heron.cli.main import serve_processes, threads_per_process
 
 MODEL = "minilm"
 DEFAULT_OUT = Path(__file__).with_name("results")
@@ -43,7 +43,7 @@ BATCH_METRICS = {"mean_batch_items": "heron_worker_batch_items",
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
+class ServeBenchSettings:
     mode: str
     n_texts: int
     seed: int
@@ -67,7 +67,7 @@ class Settings:
         return processes, self.threads or threads_per_process(processes)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Settings:
+    def from_args(cls, args: argparse.Namespace) -> ServeBenchSettings:
         quick = args.quick
         return cls(
             mode="quick" if quick else "full",
@@ -138,7 +138,7 @@ def _cpu_s(proc: psutil.Process) -> float:
     return total
 
 
-def load_steps(server: Server, bodies: Path, settings: Settings) -> list[dict[str, Any]]:
+def load_steps(server: Server, bodies: Path, settings: ServeBenchSettings) -> list[dict[str, Any]]:
     url = f"{server.url}/v1/encode/{MODEL}"
     log(f"warm-up: {settings.warmup_s:g} s at 8 connections")
     run_wrk(url, bodies, connections=8, duration_s=settings.warmup_s,
@@ -167,7 +167,7 @@ def load_steps(server: Server, bodies: Path, settings: Settings) -> list[dict[st
     return steps
 
 
-def run_ceiling(texts_file: Path, settings: Settings, dtype: str | None,
+def run_ceiling(texts_file: Path, settings: ServeBenchSettings, dtype: str | None,
                 seconds: float | None = None) -> dict[str, Any]:
     """The raw model at the precision the server reported (``dtype``), in its layout."""
     processes, threads = settings.layout
@@ -176,7 +176,7 @@ def run_ceiling(texts_file: Path, settings: Settings, dtype: str | None,
                         batch_size=settings.ceiling_batch, log=log)
 
 
-def run(settings: Settings, out: Path) -> dict[str, Any]:
+def run(settings: ServeBenchSettings, out: Path) -> dict[str, Any]:
     find_wrk()  # fail before any work if it is missing
     machine = machine_info()
     log(f"workload: {settings.n_texts} texts (seed {settings.seed})")
@@ -231,7 +231,7 @@ def run(settings: Settings, out: Path) -> dict[str, Any]:
     }
 
 
-def workload_text(settings: Settings) -> str:
+def workload_text(settings: ServeBenchSettings) -> str:
     if settings.long_tail:
         return (f"log-normal target lengths, median {LONG_TAIL['median_tokens']} tokens, "
                 f"sigma {LONG_TAIL['sigma']}, clipped to [8, {LONG_TAIL['max_tokens']}]")
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads for server and ceiling (0: torch's default)")
     args = parser.parse_args(argv)
-    settings = Settings.from_args(args)
+    settings = ServeBenchSettings.from_args(args)
     try:
         result = run(settings, args.out)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:

@@ -1,4 +1,4 @@
-"""``python -m config_service``: the same as ``heron config`` (tests start it this way)."""
+"""``python -m heron.config_service``: the same as ``heron config`` (tests start it this way)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import os
 import sys
 from pathlib import Path
 
-from config_service.app import DEFAULT_LEASE_TTL_S, DEFAULT_PORT, run
-from sdk.modelconfig import ConfigError
+from heron.config_service.app import DEFAULT_LEASE_TTL_S, DEFAULT_PORT, run
+from heron.runtime.modelconfig import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m config_service",
+    p = argparse.ArgumentParser(prog="python -m heron.config_service",
                                 description="Heron config service (single writer)")
     p.add_argument("--nats", default=os.environ.get("HERON_NATS_URL", "nats://127.0.0.1:4222"))
     p.add_argument("--store", default=os.environ.get("HERON_CONFIG_STORE", "heron-config"),

@@ -1,5 +1,5 @@
 """Build and run a config service: ``create_app`` for tests and embedding, ``serve``/``run``
-for ``heron config`` (and ``python -m config_service``)."""
+for ``heron config`` (and ``python -m heron.config_service``)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
-from config_service.blobs import open_blobs
-from config_service.metrics import ConfigMetrics
-from config_service.routes import ConfigRoutes
-from config_service.service import ConfigService
-from config_service.state import Registry
-from config_service.store import ConfigStore
-from sdk.logs import uvicorn_log_config
-from sdk.modelconfig import default_bundles_dir
+from heron.config_service.blobs import open_blobs
+from heron.config_service.metrics import ConfigMetrics
+from heron.config_service.routes import ConfigRoutes
+from heron.config_service.service import ConfigService
+from heron.config_service.state import Registry
+from heron.config_service.store import ConfigStore
+from heron.runtime.logs import uvicorn_log_config
+from heron.runtime.modelconfig import default_bundles_dir
 
 log = logging.getLogger("heron.config")
 

@@ -1,6 +1,7 @@
 """Reading a POST /v1/configs/models body: size limit, YAML or JSON (or msgpack) by
-Content-Type, the optional ``bundles`` list, the schema (sdk.modelconfig, the one the worker
-loads with), and the rules a model id must follow to be safe in paths, URLs and S3 keys."""
+Content-Type, the optional ``bundles`` list, the schema (heron.runtime.modelconfig, the
+one the worker loads with), and the rules a model id must follow to be safe in paths, URLs
+and S3 keys."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from typing import Any
 import yaml
 from starlette.requests import Request
 
-from sdk import server, wire
-from sdk.errors import ErrorCode, HeronError, invalid_field
-from sdk.modelconfig import ConfigError, ModelConfig, parse_model_config
+from heron.runtime import http
+from heron.runtime.modelconfig import ConfigError, ModelConfig, parse_model_config
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 
 MAX_CONFIG_BYTES = 1 << 20  # 1 MiB
 MAX_ID_CHARS = 200
@@ -31,7 +33,7 @@ class PostedModel:
 
 
 async def read_raw(request: Request, limit: int = MAX_CONFIG_BYTES) -> bytes:
-    return await server.read_raw(request, limit)
+    return await http.read_raw(request, limit)
 
 
 class _NoAliasLoader(yaml.SafeLoader):

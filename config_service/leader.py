@@ -22,7 +22,7 @@ from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from sdk.cluster import CONFIG_LEADER_BUCKET, CONFIG_LEADER_KEY
+from heron.runtime.nats_names import CONFIG_LEADER_BUCKET, CONFIG_LEADER_KEY
 
 log = logging.getLogger("heron.config.leader")
 

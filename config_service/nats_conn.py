@@ -13,8 +13,8 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from config_service.leader import LeaderLease, leader_bucket
-from sdk.cluster import ensure_config_stream
+from heron.config_service.leader import LeaderLease, leader_bucket
+from heron.runtime.nats_names import ensure_config_stream
 
 log = logging.getLogger("heron.config.nats")
 

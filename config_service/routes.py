@@ -15,10 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from config_service.body import read_raw
-from config_service.service import ConfigService
-from sdk.errors import ErrorCode, HeronError
-from sdk.server import EXCEPTION_HANDLERS, respond
+from heron.config_service.body import read_raw
+from heron.config_service.service import ConfigService
+from heron.runtime.http import EXCEPTION_HANDLERS, respond
+from heron_sdk.errors import ErrorCode, HeronError
 
 
 class ConfigRoutes:

@@ -17,15 +17,15 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-from config_service.body import body_digest, decode, parse_posted
-from config_service.leader import LeaderLease
-from config_service.metrics import ConfigMetrics
-from config_service.nats_conn import NatsConn
-from config_service.state import Change, Registry
-from config_service.store import ConfigStore, Journal, LeaseLost
-from sdk import wire
-from sdk.cluster import config_all_subject, config_subject
-from sdk.errors import ErrorCode, HeronError
+from heron.config_service.body import body_digest, decode, parse_posted
+from heron.config_service.leader import LeaderLease
+from heron.config_service.metrics import ConfigMetrics
+from heron.config_service.nats_conn import NatsConn
+from heron.config_service.state import Change, Registry
+from heron.config_service.store import ConfigStore, Journal, LeaseLost
+from heron.runtime.nats_names import config_all_subject, config_subject
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError
 
 log = logging.getLogger("heron.config")
 

@@ -14,15 +14,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sdk.cluster import config_delta
-from sdk.errors import ErrorCode, HeronError, invalid_field
-from sdk.modelconfig import (
+from heron.runtime.modelconfig import (
     ConfigError,
     ModelConfig,
     bundle_config_hash,
     load_bundle,
     parse_model_config,
 )
+from heron.runtime.nats_names import config_delta
+from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 
 
 class ContentConflict(HeronError):

@@ -23,9 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from config_service.blobs import Blobs, StoreError
-from config_service.state import Change
-from sdk.modelconfig import ConfigError
+from heron.config_service.blobs import Blobs, StoreError
+from heron.config_service.state import Change
+from heron.runtime.modelconfig import ConfigError
 
 log = logging.getLogger("heron.config.store")
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import uvicorn
 from starlette.applications import Starlette
 
-from gateway.registry import BundleDirSource, ModelRegistry
-from gateway.routes import GatewayApp
-from gateway.settings import GatewaySettings
-from sdk.logs import uvicorn_log_config
-from sdk.modelconfig import ConfigError
+from heron.gateway.registry import BundleDirSource, RouteTable
+from heron.gateway.routes import GatewayApp
+from heron.gateway.settings import GatewaySettings
+from heron.runtime.logs import uvicorn_log_config
+from heron.runtime.modelconfig import ConfigError
 
 DEFAULT_POOLS = {"default": "default"}  # bundle -> pool
 
@@ -41,7 +41,7 @@ def create_app(nats_url: str, pools: Mapping[str, str] | None = None, *,
     bundles are read here, so a config error (ConfigError) stops it before it binds; NATS
     is connected in the app's lifespan, and retried until it answers. With ``config_url``
     the models come from the config service (and follow it) instead of bundle files."""
-    registry = ModelRegistry(BundleDirSource(pools or DEFAULT_POOLS, bundles_dir))
+    registry = RouteTable(BundleDirSource(pools or DEFAULT_POOLS, bundles_dir))
     if config_url is None:
         registry.load()
     return GatewayApp(nats_url, registry, settings=settings, gateway_id=gateway_id,

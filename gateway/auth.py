@@ -12,8 +12,8 @@ import os
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sdk.errors import HeronError
-from sdk.server import error_response, require_bearer
+from heron.runtime.http import error_response, require_bearer
+from heron_sdk.errors import HeronError
 
 
 def api_keys_from_env() -> set[str]:

@@ -1,7 +1,7 @@
-"""The gateway's side of the config control plane (#4).
+"""The gateway's side of the config control plane.
 
 ``ConfigServiceSource`` feeds the registry from the config service's snapshot instead of
-bundle files; ``GatewayConfigSync`` follows the service (sdk.configsync) and re-loads the
+bundle files; ``GatewayConfigSync`` follows the service (heron.runtime.configsync) and re-loads the
 registry on every change, so a POSTed model routes within about a second without a
 restart. ``model_status`` answers GET /v1/configs/models/{id}/status from heartbeats.
 """
@@ -18,13 +18,13 @@ from nats.aio.client import Client as NatsClient
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.registry import PoolBundle
-from sdk.configsync import ConfigFollower, Snapshot
-from sdk.modelconfig import Bundle, ConfigError, parse_model_config
-from sdk.server import respond
+from heron.gateway.registry import PoolBundle
+from heron.runtime.configsync import ConfigFollower, Snapshot
+from heron.runtime.http import respond
+from heron.runtime.modelconfig import Bundle, ConfigError, parse_model_config
 
 if TYPE_CHECKING:
-    from gateway.routes import GatewayApp
+    from heron.gateway.routes import GatewayApp
 
 log = logging.getLogger("heron.gateway.configs")
 

@@ -27,16 +27,17 @@ from nats.aio.msg import Msg
 from nats.js.errors import APIError
 from opentelemetry.trace import SpanKind
 
-from gateway.metrics import GatewayMetrics
-from gateway.nats_link import NatsLink
-from gateway.reassembly import Added, Reassembly
-from gateway.settings import GatewaySettings
-from gateway.slicing import Slice, encode_slices, plan_slices
-from sdk import telemetry, wire
-from sdk.cluster import reply_subject, work_headers, work_subject
-from sdk.errors import ErrorCode, HeronError
-from sdk.ids import new_request_id
-from sdk.types import Item
+from heron.gateway.metrics import GatewayMetrics
+from heron.gateway.nats_link import NatsLink
+from heron.gateway.reassembly import Added, Reassembly
+from heron.gateway.settings import GatewaySettings
+from heron.gateway.slicing import Slice, encode_slices, plan_slices
+from heron.runtime import telemetry
+from heron.runtime.nats_names import reply_subject, work_headers, work_subject
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.ids import new_request_id
+from heron_sdk.types import Item
 
 log = logging.getLogger("heron.gateway.dispatch")
 

@@ -10,9 +10,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                     30)
 # A request's phases in the order they happen: the gateway's own two (publish, queue_wait)
-# then the worker's, as the slice that answered last reported them (sdk.cluster result "timings").
+# then the worker's, as the slice that answered last reported them (the work result's
+# "timings").
 PHASES = ("publish", "queue_wait", "tokenize", "batch_wait", "inference", "postprocess")
-# Workers before #7 reported the batcher wait as "queue": read it during a rolling upgrade.
+# Workers older than the phase timings reported the batcher wait as "queue": read it
+# during a rolling upgrade.
 _LEGACY_PHASES = {"queue": "batch_wait"}
 
 

@@ -1,7 +1,7 @@
 """Pools at the gateway: the ``/v1/pools`` routes and routing by the ``X-Heron-Pool`` header.
 
 The pools named on the command line (``--pool BUNDLE=POOL``) are *static*. Leased pools
-live in the ``heron_pools`` NATS KV bucket (sdk/pool_store.py), one key per pool with the
+live in the ``heron_pools`` NATS KV bucket (heron/runtime/pool_store.py), one key per pool with the
 lease's TTL, so every gateway replica serves them and none holds state of its own: each
 mirrors the bucket with a watcher started in its NATS set-up. A leased pool serves one of
 the bundles this gateway routes; when its lease is deleted or runs out, requests naming
@@ -21,16 +21,16 @@ from nats.js import JetStreamContext
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.registry import ModelRoute
-from sdk import wire
-from sdk.cluster import ensure_work_stream
-from sdk.errors import ErrorCode, HeronError, invalid_field
-from sdk.pool_store import LeaseMirror, PoolStore, pool_not_found
-from sdk.pools import POOL_HEADER, PoolLease, PoolSpec, check_pool_name, renew_ttl
-from sdk.server import read_body, read_raw, respond
+from heron.gateway.registry import ModelRoute
+from heron.runtime.http import read_body, read_raw, respond
+from heron.runtime.nats_names import ensure_work_stream
+from heron.runtime.pool_store import LeaseMirror, PoolStore, pool_not_found
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError, invalid_field
+from heron_sdk.pools import POOL_HEADER, PoolLease, PoolSpec, check_pool_name, renew_ttl
 
 if TYPE_CHECKING:
-    from gateway.routes import GatewayApp
+    from heron.gateway.routes import GatewayApp
 
 log = logging.getLogger("heron.gateway.pools")
 

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
-from gateway.slicing import Slice
-from sdk.errors import ErrorCode, HeronError
+from heron.gateway.slicing import Slice
+from heron_sdk.errors import ErrorCode, HeronError
 
 
 class Added(StrEnum):

@@ -1,9 +1,9 @@
 """The gateway's model registry: model name or alias -> (model id, bundle, pool).
 
-The data comes from a ``RegistrySource``. Until the config service (#4) exists that is
-``BundleDirSource`` (bundle YAMLs under bundles/, read once at start); #4 swaps the source,
-not the callers. The registry also knows what each adapter can do, so requests a model can
-never serve are answered here (404/422) without reaching a worker.
+The data comes from a ``RegistrySource``: ``BundleDirSource`` (bundle YAMLs under bundles/,
+read once at start) or the config service's snapshot (gateway/configs.py); swapping the
+source changes none of the callers. The registry also knows what each adapter can do, so
+requests a model can never serve are answered here (404/422) without reaching a worker.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sdk.errors import ErrorCode, HeronError
-from sdk.modelconfig import (
+from heron.runtime.modelconfig import (
     ADAPTER_OUTPUT_TYPES,
     ADAPTER_TASKS,
     Bundle,
@@ -22,7 +21,8 @@ from sdk.modelconfig import (
     ModelConfig,
     load_bundle,
 )
-from sdk.types import EncodeRequest, check_outputs
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.types import EncodeRequest, check_outputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +55,7 @@ class PoolBundle:
 
 
 class RegistrySource(Protocol):
-    """Where the registry's data comes from (bundle files now, the config service with #4)."""
+    """Where the registry's data comes from (bundle files, or the config service)."""
 
     def load(self) -> list[PoolBundle]: ...
 
@@ -72,7 +72,10 @@ class BundleDirSource:
                 for name, pool in self.pools.items()]
 
 
-class ModelRegistry:
+class RouteTable:
+    """Model id or alias -> its route (bundle, pool, config): what the gateway resolves each
+    request with. Not the worker's ModelRegistry, which holds loaded models."""
+
     def __init__(self, source: RegistrySource) -> None:
         self.source = source
         self._routes: dict[str, ModelRoute] = {}  # id and every alias -> route
@@ -100,7 +103,7 @@ class ModelRegistry:
                 route = ModelRoute(config, name, entry.pool)
                 for key in (config.id, *config.aliases):
                     # One name, one pool: routing a model served by two pools needs a
-                    # policy (#4's pools API), not a silent last-bundle-wins.
+                    # policy (the pools API), not a silent last-bundle-wins.
                     if key in routes:
                         raise ConfigError(entry.bundle.source or name, "models",
                                           f"{key!r} is served by bundles "
@@ -154,7 +157,7 @@ class ModelRegistry:
 
 
 def check_encode_outputs(route: ModelRoute, req: EncodeRequest) -> None:
-    """The worker's adapter-only output checks, here too (sdk.types.check_outputs). Checks
+    """The worker's adapter-only output checks, here too (heron_sdk.types.check_outputs). Checks
     needing the weights (``dims`` over the hidden size, ``truncate: false`` on a too-long
     text) stay with the worker."""
     check_outputs(route.model_id, route.output_types, req)

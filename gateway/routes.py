@@ -29,38 +29,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.auth import ApiKeyMiddleware, api_keys_from_env
-from gateway.configs import ConfigServiceSource, GatewayConfigSync, model_status
-from gateway.demand import DemandTracker
-from gateway.dispatcher import Dispatcher, WorkRequest
-from gateway.health import WorkerHealth
-from gateway.metrics import GatewayMetrics, gateway_phases
-from gateway.nats_link import NatsLink
-from gateway.pools import GatewayPools
-from gateway.reassembly import Reassembly, merge_items, merge_scores
-from gateway.registry import (
-    ModelRegistry,
-    ModelRoute,
-    check_encode_outputs,
-    describe,
-)
-from gateway.settings import GatewaySettings
-from gateway.status_page import ClusterStatusPage
-from sdk import telemetry, wire
-from sdk.cluster import (
-    STATUS_WILDCARD,
-    demand_message,
-    demand_subject,
-    ensure_dlq_stream,
-    ensure_work_stream,
-    inbox_prefix,
-    token,
-)
-from sdk.errors import ErrorCode, HeronError
-from sdk.ids import new_request_id
-from sdk.logs import current_request
-from sdk.openai_compat import embeddings_response, parse_embeddings_request
-from sdk.server import (
+from heron.gateway.auth import ApiKeyMiddleware, api_keys_from_env
+from heron.gateway.configs import ConfigServiceSource, GatewayConfigSync, model_status
+from heron.gateway.demand import DemandTracker
+from heron.gateway.dispatcher import Dispatcher, WorkRequest
+from heron.gateway.health import WorkerHealth
+from heron.gateway.metrics import GatewayMetrics, gateway_phases
+from heron.gateway.nats_link import NatsLink
+from heron.gateway.pools import GatewayPools
+from heron.gateway.reassembly import Reassembly, merge_items, merge_scores
+from heron.gateway.registry import ModelRoute, RouteTable, check_encode_outputs, describe
+from heron.gateway.settings import GatewaySettings
+from heron.gateway.status_page import ClusterStatusPage
+from heron.runtime import telemetry
+from heron.runtime.http import (
     CLIENT_CLOSED_STATUS,
     EXCEPTION_HANDLERS,
     ClientDisconnected,
@@ -71,7 +53,21 @@ from sdk.server import (
     server_timing,
     unless_disconnected,
 )
-from sdk.types import EncodeRequest, ExtractRequest, Item, RequestOptions, ScoreRequest
+from heron.runtime.logs import current_request
+from heron.runtime.nats_names import (
+    STATUS_WILDCARD,
+    demand_message,
+    demand_subject,
+    ensure_dlq_stream,
+    ensure_work_stream,
+    inbox_prefix,
+    token,
+)
+from heron.runtime.openai_compat import embeddings_response, parse_embeddings_request
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.ids import new_request_id
+from heron_sdk.types import EncodeRequest, ExtractRequest, Item, RequestOptions, ScoreRequest
 
 log = logging.getLogger("heron.gateway")
 
@@ -95,7 +91,7 @@ class Provisioning(Exception):
 
 
 class GatewayApp:
-    def __init__(self, nats_url: str, registry: ModelRegistry, *,
+    def __init__(self, nats_url: str, registry: RouteTable, *,
                  settings: GatewaySettings | None = None, gateway_id: str | None = None,
                  config_url: str | None = None) -> None:
         self.settings = settings or GatewaySettings()

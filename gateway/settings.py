@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sdk.cluster import (
+from heron.runtime.nats_names import (
     MAX_ITEMS_PER_WORK_ITEM,
     MAX_TOKENS_PER_WORK_ITEM,
     WorkStreamSpec,
@@ -35,7 +35,8 @@ class GatewaySettings:
     publish_timeout_s: float = 2.0
     connect_timeout_s: float = 2.0
     nats_retry_after_s: float = 2.0
-    # Work item size bounds (sdk.cluster defaults); NATS max_payload bounds bytes as well.
+    # Work item size bounds (heron.runtime.nats_names defaults); NATS max_payload bounds
+    # bytes as well.
     max_items_per_work_item: int = MAX_ITEMS_PER_WORK_ITEM
     max_tokens_per_work_item: int = MAX_TOKENS_PER_WORK_ITEM
     # How the gateway declares work streams when it starts first (workers use the same spec).

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sdk import wire
-from sdk.errors import ErrorCode, HeronError
-from sdk.types import Item
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.types import Item
 
 CHARS_PER_TOKEN = 4
 # msgpack framing of one item ({"text", "id"} map, string headers), rounded up.

@@ -23,11 +23,11 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from gateway.health import THROUGHPUT_WINDOW_S, WorkerBeat
-from sdk import wire
+from heron.gateway.health import THROUGHPUT_WINDOW_S, WorkerBeat
+from heron_sdk import wire
 
 if TYPE_CHECKING:
-    from gateway.routes import GatewayApp
+    from heron.gateway.routes import GatewayApp
 
 log = logging.getLogger("heron.gateway.status_page")
 

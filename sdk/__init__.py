@@ -1,9 +1,9 @@
 """Heron SDK: ``Client``/``AsyncClient``, typed results and errors, and the wire format and
 request types the servers share (docs/sdk.md)."""
 
-from sdk.aio import AsyncClient, AsyncPool
-from sdk.client import Client, Pool
-from sdk.errors import (
+from heron_sdk.aio import AsyncClient, AsyncPool
+from heron_sdk.client import Client, Pool
+from heron_sdk.errors import (
     ConnectionError,
     ErrorCode,
     HeronError,
@@ -13,7 +13,7 @@ from sdk.errors import (
     RequestError,
     ServerError,
 )
-from sdk.results import (
+from heron_sdk.results import (
     Embedding,
     EncodeResult,
     Entity,
@@ -23,7 +23,7 @@ from sdk.results import (
     ScoreResult,
     SparseVector,
 )
-from sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
+from heron_sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
 
 __all__ = ["AsyncClient", "AsyncPool", "Client", "ConnectionError", "Embedding",
            "EncodeRequest", "EncodeResult", "Entity", "ErrorCode", "ExtractRequest",

@@ -11,7 +11,7 @@ from typing import Any, Unpack
 
 import httpx
 
-from sdk.calls import (
+from heron_sdk.calls import (
     CallPolicy,
     EncodeOptions,
     ExtractOptions,
@@ -23,10 +23,10 @@ from sdk.calls import (
     attempts,
     decode_reply,
 )
-from sdk.client import PoolLeaseState, _builder, default_url
-from sdk.errors import HeronError, PoolError
-from sdk.pools import DEFAULT_TTL_S
-from sdk.results import EncodeResult, ExtractResult, ScoreResult
+from heron_sdk.client import PoolLeaseState, _builder, default_url
+from heron_sdk.errors import HeronError, PoolError
+from heron_sdk.pools import DEFAULT_TTL_S
+from heron_sdk.results import EncodeResult, ExtractResult, ScoreResult
 
 # Chunks of one split call in flight at once: enough to keep a server busy, not a flood.
 MAX_CONCURRENT_CHUNKS = 4

@@ -14,8 +14,8 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NotRequired, TypedDict
 
-from sdk import wire
-from sdk.errors import (
+from heron_sdk import wire
+from heron_sdk.errors import (
     CONNECTION_FAILED,
     PROVISIONING_TIMEOUT,
     ConnectionError,
@@ -24,9 +24,9 @@ from sdk.errors import (
     ProvisioningTimeout,
     error_for_status,
 )
-from sdk.pools import POOL_HEADER
-from sdk.results import EncodeResult, ExtractResult, ScoreResult, merge_bodies
-from sdk.types import (
+from heron_sdk.pools import POOL_HEADER
+from heron_sdk.results import EncodeResult, ExtractResult, ScoreResult, merge_bodies
+from heron_sdk.types import (
     MAX_ITEMS_PER_REQUEST,
     EncodeRequest,
     ExtractRequest,

@@ -20,8 +20,8 @@ from typing import Any, Unpack
 
 import httpx
 
-from sdk import wire
-from sdk.calls import (
+from heron_sdk import wire
+from heron_sdk.calls import (
     CallBuilder,
     CallPolicy,
     EncodeOptions,
@@ -34,9 +34,9 @@ from sdk.calls import (
     attempts,
     decode_reply,
 )
-from sdk.errors import HeronError, PoolError
-from sdk.pools import DEFAULT_TTL_S
-from sdk.results import EncodeResult, ExtractResult, ScoreResult
+from heron_sdk.errors import HeronError, PoolError
+from heron_sdk.pools import DEFAULT_TTL_S
+from heron_sdk.results import EncodeResult, ExtractResult, ScoreResult
 
 log = logging.getLogger("heron.sdk")
 

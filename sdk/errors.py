@@ -142,7 +142,7 @@ class ProvisioningTimeout(HeronError):
     """No capacity came (202 or 503 with Retry-After) within ``provision_timeout_s``."""
 
 
-class ConnectionError(HeronError):  # shadows the builtin inside sdk.errors only
+class ConnectionError(HeronError):  # shadows the builtin inside heron_sdk.errors only
     """The server could not be reached (refused, reset, timed out) within the deadline."""
 
 

@@ -2,8 +2,8 @@
 
 A pool is a group of workers serving one bundle. The pools named on a gateway's command
 line are *static*. Users add *leased* pools at run time (``POST /v1/pools``): each lease is a
-key in the NATS KV bucket ``heron_pools`` (sdk.cluster.POOLS_BUCKET) with a per-key TTL, so
-any gateway replica serves it and a lease nobody renews disappears by itself.
+key in the NATS KV bucket ``heron_pools`` (``POOLS_BUCKET`` of the server) with a per-key
+TTL, so any gateway replica serves it and a lease nobody renews disappears by itself.
 A request names its pool with the ``X-Heron-Pool`` header.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from sdk.errors import invalid_field
+from heron_sdk.errors import invalid_field
 
 POOL_HEADER = "X-Heron-Pool"
 

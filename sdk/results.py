@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from sdk.errors import HeronError, ServerError, error_for_status
+from heron_sdk.errors import HeronError, ServerError, error_for_status
+from heron_sdk.types import Entity, SparseVector
 
 # output_dtype -> the numpy dtype its arrays arrive in ("binary" is packed sign bits)
 ARRAY_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8,
@@ -31,15 +32,6 @@ def _item_error(row: Mapping[str, Any]) -> HeronError | None:
         return None
     return error_for_status(500, str(error.get("code", "INTERNAL")),
                             str(error.get("message", "")))
-
-
-@dataclass(frozen=True, slots=True)
-class SparseVector:
-    indices: np.ndarray  # vocabulary ids, int32, ascending
-    values: np.ndarray  # their weights
-
-    def to_dict(self) -> dict[int, float]:
-        return {int(i): float(v) for i, v in zip(self.indices, self.values, strict=True)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,15 +159,6 @@ class ScoreResult:
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(self.raw)
-
-
-@dataclass(frozen=True, slots=True)
-class Entity:
-    label: str
-    text: str
-    start: int  # character offsets into the item's text, end exclusive
-    end: int
-    score: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from sdk.errors import ErrorCode, HeronError, invalid_field
-from sdk.wire import array_to_base64
+from heron_sdk.errors import ErrorCode, HeronError, invalid_field
+from heron_sdk.wire import array_to_base64
 
 TASKS = ("encode", "score", "extract")
 OUTPUT_TYPES = ("dense", "sparse", "multi_vector")
@@ -263,21 +263,28 @@ def wire_array(array: np.ndarray, encoding: str) -> Any:
     return array
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class SparseVector:
-    indices: np.ndarray  # int32, ascending
-    values: np.ndarray  # float32, aligned with indices
+    """A sparse embedding: what an adapter returns and what the SDK's results hold."""
+
+    indices: np.ndarray  # vocabulary ids, int32, ascending
+    values: np.ndarray  # float32 weights, aligned with indices
 
     def to_wire(self, encoding: str) -> dict[str, Any]:
         return {"indices": wire_array(self.indices, encoding),
                 "values": wire_array(self.values, encoding)}
 
+    def to_dict(self) -> dict[int, float]:
+        return {int(i): float(v) for i, v in zip(self.indices, self.values, strict=True)}
 
-@dataclass(slots=True)
+
+@dataclass(frozen=True, slots=True)
 class Entity:
+    """One extracted span: what an adapter returns and what the SDK's results hold."""
+
     label: str
     text: str
-    start: int
+    start: int  # character offsets into the item's text, end exclusive
     end: int
     score: float
 

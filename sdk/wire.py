@@ -14,7 +14,7 @@ import msgpack_numpy
 import numpy as np
 import orjson
 
-from sdk.errors import ErrorCode, HeronError
+from heron_sdk.errors import ErrorCode, HeronError
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"

@@ -29,11 +29,11 @@ import pytest
 import yaml
 from hypothesis import settings
 
-from tests.cluster_procs import ConfigProcess
-from tests.gateway_harness import GatewayThread, start_worker, unique
-from tests.nats_server import NatsServer
-from tests.servers import REPO, ServerProcess, start_serve
-from tests.tiny_models import build_tiny_models
+from tests.support.cluster_procs import ConfigProcess
+from tests.support.gateway_harness import GatewayThread, start_worker, unique
+from tests.support.nats_server import NatsServer
+from tests.support.servers import REPO, ServerProcess, start_serve
+from tests.support.tiny_models import build_tiny_models
 
 # Property tests check logic, not speed: no per-example deadline on a busy CI machine.
 settings.register_profile("heron", deadline=None)

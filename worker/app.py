@@ -2,7 +2,7 @@
 
 Routes are thin: parse the body into an sdk request type, call the InferenceService,
 encode the answer in the client's format, record metrics. Errors are HeronErrors and go
-through the one handler in sdk.server.
+through the one handler in heron.runtime.http.
 """
 
 from __future__ import annotations
@@ -21,12 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sdk import telemetry, wire
-from sdk.errors import HeronError
-from sdk.logs import adopt_library_logs
-from sdk.modelconfig import Bundle, ModelConfig
-from sdk.openai_compat import embeddings_response, parse_embeddings_request
-from sdk.server import (
+from heron.runtime import telemetry
+from heron.runtime.http import (
     CLIENT_CLOSED_STATUS,
     EXCEPTION_HANDLERS,
     ClientDisconnected,
@@ -35,11 +31,16 @@ from sdk.server import (
     respond,
     unless_disconnected,
 )
-from sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
-from worker.cluster import WorkerCluster
-from worker.metrics import WorkerMetrics, mark_process_dead, multiprocess_dir
-from worker.registry import LoadState, ModelEntry, ModelRegistry
-from worker.service import InferenceService, Outcome
+from heron.runtime.logs import adopt_library_logs
+from heron.runtime.modelconfig import Bundle, ModelConfig
+from heron.runtime.openai_compat import embeddings_response, parse_embeddings_request
+from heron.worker.cluster import WorkerCluster
+from heron.worker.metrics import WorkerMetrics, mark_process_dead, multiprocess_dir
+from heron.worker.registry import LoadState, ModelEntry, ModelRegistry
+from heron.worker.service import InferenceService, Outcome
+from heron_sdk import wire
+from heron_sdk.errors import HeronError
+from heron_sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
 
 log = logging.getLogger("heron.worker")
 

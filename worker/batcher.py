@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from sdk.errors import ErrorCode, HeronError
+from heron_sdk.errors import ErrorCode, HeronError
 
 # Waiting this long raises an item one priority level (0 is the highest): under a flood of
 # priority-0 work a priority-1 item still runs within about this much extra time. At 1 s,

@@ -12,17 +12,17 @@ import nats
 import torch
 from nats.aio.client import Client as NATS
 
-from sdk.cluster import WorkStreamSpec
-from sdk.configsync import ConfigFollower, Snapshot
-from sdk.modelconfig import parse_model_config
-from worker.consumer import WorkConsumer, fetch_lookahead_from_env
-from worker.metrics import WorkerMetrics
-from worker.registry import ModelRegistry
-from worker.service import InferenceService
-from worker.status import StatusPublisher
+from heron.runtime.configsync import ConfigFollower, Snapshot
+from heron.runtime.modelconfig import parse_model_config
+from heron.runtime.nats_names import WorkStreamSpec
+from heron.worker.consumer import WorkConsumer, fetch_lookahead_from_env
+from heron.worker.metrics import WorkerMetrics
+from heron.worker.registry import ModelRegistry
+from heron.worker.service import InferenceService
+from heron.worker.status import StatusPublisher
 
 if TYPE_CHECKING:
-    from worker.app import QueueMode
+    from heron.worker.app import QueueMode
 
 log = logging.getLogger("heron.worker.cluster")
 

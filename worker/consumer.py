@@ -1,7 +1,7 @@
 """WorkConsumer: the worker's queue mode. Pulls work items from the pool's durable JetStream
 consumer and feeds them through the same InferenceService (and batcher) as the HTTP API.
 
-Delivery rules (see sdk/cluster.py for the names and the message format):
+Delivery rules (see heron/runtime/nats_names.py for the names and the message format):
 - ack only after the gateway confirmed the result (a request/reply on its inbox): a result
   lost in transit, e.g. while NATS restarts, means a nak and the item is computed again;
 - model not loaded yet, or its queue full: start the load and ``nak(delay)``;
@@ -28,8 +28,9 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind
 
-from sdk import telemetry, wire
-from sdk.cluster import (
+from heron.runtime import telemetry
+from heron.runtime.logs import bind_request
+from heron.runtime.nats_names import (
     Header,
     WorkStreamSpec,
     dlq_subject,
@@ -39,11 +40,11 @@ from sdk.cluster import (
     work_consumer,
     work_stream,
 )
-from sdk.errors import ErrorCode, HeronError
-from sdk.logs import bind_request
-from sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
-from worker.metrics import WorkerMetrics
-from worker.service import InferenceService, Outcome
+from heron.worker.metrics import WorkerMetrics
+from heron.worker.service import InferenceService, Outcome
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
 
 log = logging.getLogger("heron.worker.consumer")
 
@@ -395,7 +396,7 @@ class WorkConsumer:
 
 
 def _item_count(msg: Msg) -> int:
-    """Texts in a work item (its Heron-Count header; 1 when absent or unreadable)."""
+    """Texts in a work item (its Heron-Item-Count header; 1 when absent or unreadable)."""
     try:
         return max(1, int((msg.headers or {}).get(Header.COUNT, "1")))
     except ValueError:

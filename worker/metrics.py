@@ -22,8 +22,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from worker.runner import BatchStats
-from worker.weight_stats import weight_cache_stats
+from heron.worker.runner import BatchStats
+from heron.worker.weight_stats import weight_cache_stats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                     30)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sdk.errors import ErrorCode, HeronError
+from heron_sdk.errors import ErrorCode, HeronError
 
 
 def truncate_dims(vectors: np.ndarray, dims: int | None, renormalize: bool) -> np.ndarray:

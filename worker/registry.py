@@ -30,25 +30,25 @@ from typing import Any, TypeVar
 
 import torch
 
-from sdk.errors import ErrorCode, HeronError
-from sdk.modelconfig import Bundle, ModelConfig, Profile
-from worker.adapters import ADAPTERS
-from worker.cpus import pin_this_thread
-from worker.memory import (
+from heron.runtime.modelconfig import Bundle, ModelConfig, Profile
+from heron.worker.adapters import ADAPTERS
+from heron.worker.cpus import pin_this_thread
+from heron.worker.memory import (
     InsufficientMemory,
     MemoryPolicy,
     memory_used_percent,
     module_bytes,
     weights_bytes,
 )
-from worker.runner import BatchStats, ModelRunner
-from worker.weight_cache import unpin_weights
-from worker.weights import (
+from heron.worker.runner import BatchStats, ModelRunner
+from heron.worker.weight_cache import unpin_weights
+from heron.worker.weights import (
     WeightsTemporarilyUnavailable,
     WeightsUnavailable,
     resolve_weights,
     wait_for_uploads,
 )
+from heron_sdk.errors import ErrorCode, HeronError
 
 log = logging.getLogger("heron.worker.registry")
 

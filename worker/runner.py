@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from sdk.errors import ErrorCode, HeronError
-from worker.adapters import Adapter, TextInput, Tokenized
-from worker.batcher import TokenBudgetBatcher, WorkItem
-from worker.memory import HeapTrimmer
+from heron.worker.adapters import Adapter, TextInput, Tokenized
+from heron.worker.batcher import TokenBudgetBatcher, WorkItem
+from heron.worker.memory import HeapTrimmer
+from heron_sdk.errors import ErrorCode, HeronError
 
 log = logging.getLogger("heron.worker.runner")
 

@@ -16,11 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from sdk import telemetry
-from sdk.errors import ErrorCode, HeronError
-from sdk.modelconfig import ADAPTER_TASKS
-from sdk.server import server_timing
-from sdk.types import (
+from heron.runtime import telemetry
+from heron.runtime.http import server_timing
+from heron.runtime.modelconfig import ADAPTER_TASKS
+from heron.worker.adapters import TextInput, Tokenized
+from heron.worker.outputs import quantize, truncate_dims
+from heron.worker.registry import ModelEntry, ModelRegistry
+from heron.worker.runner import ItemResult, ModelRunner
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.types import (
     EncodeRequest,
     Entity,
     ExtractRequest,
@@ -30,10 +34,6 @@ from sdk.types import (
     check_outputs,
     wire_array,
 )
-from worker.adapters import TextInput, Tokenized
-from worker.outputs import quantize, truncate_dims
-from worker.registry import ModelEntry, ModelRegistry
-from worker.runner import ItemResult, ModelRunner
 
 PhaseObserver = Callable[[str, Mapping[str, float]], None]  # (model id, phase -> seconds)
 

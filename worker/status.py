@@ -14,8 +14,8 @@ from typing import Any
 import psutil
 from nats.aio.client import Client as NATS
 
-from sdk import wire
-from sdk.cluster import status_message, status_subject
+from heron.runtime.nats_names import status_message, status_subject
+from heron_sdk import wire
 
 HEARTBEAT_INTERVAL_S = 1.0
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
-from worker.weight_stats import STATS
+from heron.worker.weight_stats import STATS
 
 log = logging.getLogger("heron.worker.weights")
 

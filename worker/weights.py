@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sdk.modelconfig import ModelConfig
-from worker import weight_stats
-from worker.weight_cache import (
+from heron.runtime.modelconfig import ModelConfig
+from heron.worker import weight_stats
+from heron.worker.weight_cache import (
     CacheBudget,
     CacheKey,
     cache_root,
@@ -44,8 +44,8 @@ from worker.weight_cache import (
     staging_dir,
     unpin_weights,
 )
-from worker.weight_stats import STATS
-from worker.weights_s3 import WEIGHTS_S3_ENV, S3TierError, S3WeightCache
+from heron.worker.weight_stats import STATS
+from heron.worker.weights_s3 import WEIGHTS_S3_ENV, S3TierError, S3WeightCache
 
 log = logging.getLogger("heron.worker.weights")
 

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
-from worker.weight_cache import MARKER, CacheKey
+from heron.worker.weight_cache import MARKER, CacheKey
 
 WEIGHTS_S3_ENV = "HERON_WEIGHTS_S3"
 

@@ -76,7 +76,7 @@ def test_dockerignore_keeps_out_what_an_image_must_not_carry():
     for rel in (".venv/bin/python", "tests/conftest.py", ".git/config", "bench/x.py",
                 "heron/__pycache__/cli.cpython-311.pyc"):
         assert _ignored(rel, patterns), rel
-    for rel in ("heron/cli.py", "bundles/default.yaml", "pyproject.toml"):
+    for rel in ("heron/cli/main.py", "bundles/default.yaml", "pyproject.toml"):
         assert not _ignored(rel, patterns), rel
 
 

@@ -18,10 +18,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.metrics import GatewayMetrics
-from gateway.settings import GatewaySettings
-from heron.cli import build_parser
-from sdk.cluster import WorkStreamSpec, work_consumer, work_stream
+from heron.cli.main import build_parser
+from heron.gateway.metrics import GatewayMetrics
+from heron.gateway.settings import GatewaySettings
+from heron.runtime.nats_names import WorkStreamSpec, work_consumer, work_stream
 
 from .manifests import (
     CHECKOV,

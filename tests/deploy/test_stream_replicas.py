@@ -12,8 +12,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from gateway.settings import GatewaySettings
-from sdk.cluster import (
+from heron.gateway.settings import GatewaySettings
+from heron.runtime.nats_names import (
     CONFIG_STREAM,
     DLQ_STREAM,
     POOLS_BUCKET,
@@ -24,8 +24,8 @@ from sdk.cluster import (
     ensure_work_stream,
     work_stream,
 )
-from tests.nats_server import nats_binary
-from tests.servers import free_port
+from tests.support.nats_server import nats_binary
+from tests.support.servers import free_port
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.cluster_procs import GatewayProcess, WorkerProcess
-from tests.nats_server import NatsServer
+from tests.support.cluster_procs import GatewayProcess, WorkerProcess
+from tests.support.nats_server import NatsServer
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from transformers import (
     AutoTokenizer,
 )
 
-from tests.tiny_models import ENTITY_LABELS, package_model_dir
+from tests.support.tiny_models import ENTITY_LABELS, package_model_dir
 
 
 def post(http: httpx.Client, path: str, body: dict) -> dict:

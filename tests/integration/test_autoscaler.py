@@ -13,12 +13,17 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client as NatsClient
 
-from heron.autoscaler import Autoscaler, ScalePolicy
-from sdk import wire
-from sdk.cluster import demand_message, demand_subject, ensure_pools_bucket, status_subject
-from sdk.pool_store import PoolStore
-from sdk.pools import PoolLease, PoolSpec
-from tests.nats_server import NatsServer
+from heron.cli.autoscaler import Autoscaler, ScalePolicy
+from heron.runtime.nats_names import (
+    demand_message,
+    demand_subject,
+    ensure_pools_bucket,
+    status_subject,
+)
+from heron.runtime.pool_store import PoolStore
+from heron_sdk import wire
+from heron_sdk.pools import PoolLease, PoolSpec
+from tests.support.nats_server import NatsServer
 
 
 class ProcessTable:

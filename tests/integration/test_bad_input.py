@@ -9,8 +9,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from sdk import wire
-from sdk.types import MAX_BODY_BYTES, MAX_ITEMS_PER_REQUEST
+from heron_sdk import wire
+from heron_sdk.types import MAX_BODY_BYTES, MAX_ITEMS_PER_REQUEST
 
 ENC = "/v1/encode/minilm"
 LONG = " ".join(["token"] * 600)

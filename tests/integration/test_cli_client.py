@@ -9,7 +9,7 @@ import sys
 import httpx
 import numpy as np
 
-from tests.servers import REPO
+from tests.support.servers import REPO
 
 
 def heron(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

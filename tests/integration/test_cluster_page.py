@@ -25,10 +25,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from gateway.status_page import MAX_CLIENTS
-from tests.gateway_harness import GatewayThread, start_worker, unique
-from tests.nats_server import NatsServer
-from tests.servers import ServerProcess
+from heron.gateway.status_page import MAX_CLIENTS
+from tests.support.gateway_harness import GatewayThread, start_worker, unique
+from tests.support.nats_server import NatsServer
+from tests.support.servers import ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

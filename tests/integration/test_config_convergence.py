@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster_procs import ConfigProcess, GatewayProcess, WorkerProcess
-from tests.nats_server import NatsServer
-from tests.tcp_proxy import TcpProxy
+from tests.support.cluster_procs import ConfigProcess, GatewayProcess, WorkerProcess
+from tests.support.nats_server import NatsServer
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 RESYNC = {"HERON_CONFIG_RESYNC_S": "1"}

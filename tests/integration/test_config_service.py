@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config_service.blobs import DirBlobs
-from config_service.body import parse_posted
-from config_service.state import Registry
-from config_service.store import ConfigStore, change_key
-from sdk.cluster import config_all_subject, config_subject
-from tests.config_procs import (
+from heron.config_service.blobs import DirBlobs
+from heron.config_service.body import parse_posted
+from heron.config_service.state import Registry
+from heron.config_service.store import ConfigStore, change_key
+from heron.runtime.nats_names import config_all_subject, config_subject
+from tests.support.config_procs import (
     ADMIN,
     InProcessConfig,
     model_body,

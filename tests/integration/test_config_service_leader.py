@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sdk.cluster import config_all_subject
-from tests.config_procs import (
-    ConfigProcess,
+from heron.runtime.nats_names import config_all_subject
+from tests.support.config_procs import (
+    LeaderConfigProcess,
     model_body,
     own_nats,
     read_deltas,
@@ -43,7 +43,7 @@ def wait_for(predicate, timeout_s: float, what: str) -> float:  # type: ignore[n
 def test_one_writer_and_takeover(nats_url: str, tmp_path: Path) -> None:
     bundles_dir = write_bundles(tmp_path / "bundles")
     store = tmp_path / "store"
-    procs = [ConfigProcess(nats_url, store, bundles_dir, tmp_path, lease_ttl_s=TTL_S)
+    procs = [LeaderConfigProcess(nats_url, store, bundles_dir, tmp_path, lease_ttl_s=TTL_S)
              for _ in range(2)]
     try:
         for p in procs:
@@ -77,7 +77,7 @@ def test_one_writer_and_takeover(nats_url: str, tmp_path: Path) -> None:
         assert epochs == [1, 2]
 
         # The old leader comes back: it is the standby now, and says who leads.
-        back = ConfigProcess(nats_url, store, bundles_dir, tmp_path, lease_ttl_s=TTL_S)
+        back = LeaderConfigProcess(nats_url, store, bundles_dir, tmp_path, lease_ttl_s=TTL_S)
         procs.append(back)
         status = wait_status(back.url, 60, proc=back.proc)
         assert status["leader"] is False and status["epoch"] == 2

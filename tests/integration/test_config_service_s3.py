@@ -13,15 +13,9 @@ import boto3
 import httpx
 import pytest
 
-from config_service.blobs import S3Blobs
-from config_service.store import ConfigStore
-from tests.config_procs import (
-    InProcessConfig,
-    MotoS3,
-    model_body,
-    own_nats,
-    write_bundles,
-)
+from heron.config_service.blobs import S3Blobs
+from heron.config_service.store import ConfigStore
+from tests.support.config_procs import InProcessConfig, MotoS3, model_body, own_nats, write_bundles
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -16,12 +16,12 @@ from typing import Any
 import nats
 import pytest
 
-from sdk import wire
-from sdk.cluster import WorkStreamSpec, work_headers, work_subject
-from tests.nats_server import NatsServer
-from worker.consumer import WorkConsumer, fetch_lookahead_from_env
-from worker.metrics import WorkerMetrics
-from worker.service import Outcome, Timings
+from heron.runtime.nats_names import WorkStreamSpec, work_headers, work_subject
+from heron.worker.consumer import WorkConsumer, fetch_lookahead_from_env
+from heron.worker.metrics import WorkerMetrics
+from heron.worker.service import Outcome, Timings
+from heron_sdk import wire
+from tests.support.nats_server import NatsServer
 
 
 class HeldService:

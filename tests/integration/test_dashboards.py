@@ -8,8 +8,8 @@ import re
 
 import httpx
 
-from tests.cluster_procs import ConfigProcess
-from tests.servers import REPO
+from tests.support.cluster_procs import ConfigProcess
+from tests.support.servers import REPO
 
 GRAFANA = REPO / "deploy" / "grafana"
 METRIC = re.compile(r"\b(heron_[a-z0-9_]+)")

@@ -9,8 +9,7 @@ import uuid
 
 import nats
 
-from sdk import wire
-from sdk.cluster import (
+from heron.runtime.nats_names import (
     DLQ_STREAM,
     WorkStreamSpec,
     dlq_subject,
@@ -18,10 +17,11 @@ from sdk.cluster import (
     work_stream,
     work_subject,
 )
-from sdk.errors import ErrorCode, HeronError
-from tests.nats_server import NatsServer
-from worker.consumer import WorkConsumer
-from worker.metrics import WorkerMetrics
+from heron.worker.consumer import WorkConsumer
+from heron.worker.metrics import WorkerMetrics
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError
+from tests.support.nats_server import NatsServer
 
 
 class ForeverLoading:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from sdk import Client, wire
-from tests.tiny_models import minilm_dir
+from heron_sdk import Client, wire
+from tests.support.tiny_models import minilm_dir
 
 SHORT = ["hello world", "A man is eating food.", "Paris is the capital of France."]
 LONG = [" ".join(["the quick brown fox jumps over the lazy dog"] * 25)]  # ~227 tokens

@@ -22,7 +22,7 @@ response has the documented shape:
 
 Public model names that the test bundle lacks are mapped to its tiny stand-ins
 (``DOC_MODEL_ALIASES``). The README's ``curl`` lines are sent the same way and must answer
-200. The error-code table must equal ``sdk.errors.STATUS_BY_CODE``.
+200. The error-code table must equal ``heron_sdk.errors.STATUS_BY_CODE``.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sdk.errors import STATUS_BY_CODE
-from tests.servers import REPO
+from heron_sdk.errors import STATUS_BY_CODE
+from tests.support.servers import REPO
 
 API_MD = REPO / "docs" / "api.md"
 README = REPO / "README.md"

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-from sdk import Client
-from tests.servers import REPO, ServerProcess, start_serve
+from heron_sdk import Client
+from tests.support.servers import REPO, ServerProcess, start_serve
 
 ROTATING = ["t/a", "t/b", "t/c"]
 
@@ -146,7 +146,7 @@ def test_idle_models_are_evicted_and_come_back(tmp_path: Path,
 
 
 def test_memory_units_parse() -> None:
-    from worker.memory import parse_bytes
+    from heron.worker.memory import parse_bytes
 
     assert parse_bytes("1.5GiB") == int(1.5 * 1024**3) and parse_bytes("800MB") == 800_000_000
     assert parse_bytes("123") == 123

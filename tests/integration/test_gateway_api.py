@@ -14,12 +14,12 @@ import nats
 import numpy as np
 import pytest
 
-from gateway.settings import GatewaySettings
-from sdk import wire
-from sdk.client import Client
-from sdk.cluster import demand_subject, work_stream
-from sdk.types import MAX_BODY_BYTES, MAX_ITEMS_PER_REQUEST
-from tests.gateway_harness import (
+from heron.gateway.settings import GatewaySettings
+from heron.runtime.nats_names import demand_subject, work_stream
+from heron_sdk import wire
+from heron_sdk.client import Client
+from heron_sdk.types import MAX_BODY_BYTES, MAX_ITEMS_PER_REQUEST
+from tests.support.gateway_harness import (
     FakeWorker,
     GatewayThread,
     fake_score,
@@ -27,7 +27,7 @@ from tests.gateway_harness import (
     unique,
     write_bundles,
 )
-from tests.nats_server import NatsServer
+from tests.support.nats_server import NatsServer
 
 BACKLOG_BOUND = 200
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.cluster_procs import GatewayProcess
-from tests.nats_server import NatsServer
+from tests.support.cluster_procs import GatewayProcess
+from tests.support.nats_server import NatsServer
 
 
 def test_api_keys(nats_server: NatsServer, tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """End to end: gateway -> JetStream -> a real `heron worker` -> inbox -> gateway, answering
-what the single-node server (`heron serve`, issue #2) answers for the same inputs."""
+what the single-node server (`heron serve`) answers for the same inputs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from sdk.client import Client
+from heron_sdk.client import Client
 
 # The two servers batch differently (packing, batch composition): float noise only.
 ATOL = 1e-4

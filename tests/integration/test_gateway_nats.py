@@ -11,16 +11,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.settings import GatewaySettings
-from tests.gateway_harness import (
+from heron.gateway.settings import GatewaySettings
+from tests.integration.test_gateway_api import last_seq
+from tests.support.gateway_harness import (
     FakeWorker,
     GatewayThread,
     fake_vector,
     unique,
     write_bundles,
 )
-from tests.integration.test_gateway_api import last_seq
-from tests.nats_server import NatsServer
+from tests.support.nats_server import NatsServer
 
 
 def wait_ready(url: str, timeout_s: float = 20) -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.servers import REPO, start_serve
-from worker.cpus import parse_cpu_list
+from heron.worker.cpus import parse_cpu_list
+from tests.support.servers import REPO, start_serve
 
 
 def thread_cpus(pid: int) -> dict[int, frozenset[int]]:

@@ -15,11 +15,11 @@ import pytest
 from nats.js import JetStreamContext
 from nats.js.api import StorageType
 
-from sdk.cluster import POOLS_MARKER_TTL_S, ensure_pools_bucket
-from sdk.errors import ErrorCode, HeronError
-from sdk.pool_store import POOLS_STREAM, LeaseMirror, PoolStore
-from sdk.pools import PoolLease, PoolSpec
-from tests.nats_server import NatsServer
+from heron.runtime.nats_names import POOLS_MARKER_TTL_S, ensure_pools_bucket
+from heron.runtime.pool_store import POOLS_STREAM, LeaseMirror, PoolStore
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.pools import PoolLease, PoolSpec
+from tests.support.nats_server import NatsServer
 
 
 @contextlib.asynccontextmanager

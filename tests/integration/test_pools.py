@@ -16,13 +16,19 @@ import httpx
 import nats
 import pytest
 
-from gateway.settings import GatewaySettings
-from sdk import wire
-from sdk.cluster import demand_subject
-from sdk.pools import POOL_HEADER
-from tests.gateway_harness import FakeWorker, GatewayThread, fake_vector, unique, write_bundles
+from heron.gateway.settings import GatewaySettings
+from heron.runtime.nats_names import demand_subject
+from heron_sdk import wire
+from heron_sdk.pools import POOL_HEADER
 from tests.integration.test_gateway_api import last_seq, metric
-from tests.nats_server import NatsServer
+from tests.support.gateway_harness import (
+    FakeWorker,
+    GatewayThread,
+    fake_vector,
+    unique,
+    write_bundles,
+)
+from tests.support.nats_server import NatsServer
 
 
 @dataclass

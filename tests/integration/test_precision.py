@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from tests.servers import start_serve
-from tests.tiny_models import minilm_dir
-from worker.registry import cpu_has_native_bf16, select_precision
+from heron.worker.registry import cpu_has_native_bf16, select_precision
+from tests.support.servers import start_serve
+from tests.support.tiny_models import minilm_dir
 
 TEXTS = ["hello world", "A man is eating food.", "Paris is the capital of France.",
          " ".join(["the quick brown fox jumps over the lazy dog"] * 25),

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from sdk.logs import JsonFormatter, TextFormatter, bind_request, configure_logging
-from tests.cluster_procs import ChildProcess, GatewayProcess
-from tests.gateway_harness import unique
-from tests.nats_server import NatsServer
-from tests.servers import REPO, free_port
-from tests.tiny_models import one_model_bundle
+from heron.runtime.logs import JsonFormatter, TextFormatter, bind_request, configure_logging
+from tests.support.cluster_procs import ChildProcess, GatewayProcess
+from tests.support.gateway_harness import unique
+from tests.support.nats_server import NatsServer
+from tests.support.servers import REPO, free_port
+from tests.support.tiny_models import one_model_bundle
 
 MODEL = "tiny-logs"
 # Empty means unset: each command's default format (json for gateway and worker).

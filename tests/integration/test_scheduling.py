@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from tests.gateway_harness import FakeWorker, GatewayThread, unique
-from tests.nats_server import NatsServer
+from tests.support.gateway_harness import FakeWorker, GatewayThread, unique
+from tests.support.nats_server import NatsServer
 
 LONG = "the heron waits in the shallows for a fish to swim past its feet " * 20  # > 256 tok
 

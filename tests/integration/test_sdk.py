@@ -14,7 +14,7 @@ import numpy as np
 import openai
 import pytest
 
-from sdk import (
+from heron_sdk import (
     AsyncClient,
     Client,
     ConnectionError,
@@ -26,9 +26,9 @@ from sdk import (
     RequestError,
     ScoreResult,
 )
-from tests.gateway_harness import GatewayThread, unique
-from tests.nats_server import NatsServer
-from tests.servers import free_port
+from tests.support.gateway_harness import GatewayThread, unique
+from tests.support.nats_server import NatsServer
+from tests.support.servers import free_port
 
 TEXTS = ["Heron serves embeddings.", "Reranking and extraction too.",
          "The heron waits in the shallows " * 12, "short"]

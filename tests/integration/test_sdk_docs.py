@@ -20,10 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway_harness import FakeWorker
+import heron_sdk
 from tests.integration.test_docs_examples import DOC_MODEL_ALIASES
-from tests.nats_server import NatsServer
-from tests.servers import REPO
+from tests.support.gateway_harness import FakeWorker
+from tests.support.nats_server import NatsServer
+from tests.support.servers import REPO
 
 SDK_MD = REPO / "docs" / "sdk.md"
 DOC_URL = "http://127.0.0.1:8080"
@@ -94,8 +95,7 @@ def test_sdk_md_cli_lines_run(base_url: str) -> None:
 
 @pytest.mark.parametrize("path", [SDK_MD, REPO / "README.md"])
 def test_docs_name_only_existing_sdk_names(path: Path) -> None:
-    import sdk
 
-    for name in re.findall(r"from sdk import ([\w, ]+)", path.read_text()):
+    for name in re.findall(r"from heron_sdk import ([\w, ]+)", path.read_text()):
         for part in name.split(","):
-            assert hasattr(sdk, part.strip()), f"{path.name}: sdk has no {part.strip()}"
+            assert hasattr(heron_sdk, part.strip()), f"{path.name}: heron_sdk has no {part.strip()}"

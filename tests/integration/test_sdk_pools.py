@@ -2,7 +2,7 @@
 nats-server: renewal keeps a pool past its TTL; leaving the block, or a renewer that
 stops, ends it, and then routing to it ends too.
 
-The pool's worker is a FakeWorker (tests/gateway_harness.py): it beats for the pool and
+The pool's worker is a FakeWorker (tests/support/gateway_harness.py): it beats for the pool and
 answers its work from the texts alone, so a vector tells which pool's worker made it.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from sdk import AsyncClient, Client, PoolError
-from tests.gateway_harness import FakeWorker, fake_vector, unique
-from tests.nats_server import NatsServer
+from heron_sdk import AsyncClient, Client, PoolError
+from tests.support.gateway_harness import FakeWorker, fake_vector, unique
+from tests.support.nats_server import NatsServer
 
 BUNDLE = "test"  # the cluster fixture's bundle (tests/conftest.py)
 TTL_S = 2.0

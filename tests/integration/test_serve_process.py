@@ -13,8 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from sdk import Client, ServerError
-from tests.servers import REPO, start_serve
+from heron_sdk import Client, ServerError
+from tests.support.servers import REPO, start_serve
 
 
 def write_bundle(root: Path, models: dict[str, dict], **extra: object) -> Path:

@@ -15,8 +15,8 @@ import psutil
 import pytest
 import yaml
 
-from heron.cli import serve_processes, usable_cpus
-from tests.servers import REPO, start_serve
+from heron.cli.main import serve_processes, usable_cpus
+from tests.support.servers import REPO, start_serve
 
 
 def metric(text: str, name: str, **labels: str) -> float:

@@ -8,7 +8,7 @@ import nats
 import pytest
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
-from sdk.cluster import (
+from heron.runtime.nats_names import (
     StreamMismatch,
     WorkStreamSpec,
     ensure_work_stream,
@@ -17,7 +17,7 @@ from sdk.cluster import (
     work_stream,
     work_subject,
 )
-from tests.nats_server import NatsServer
+from tests.support.nats_server import NatsServer
 
 
 def test_names_are_subject_safe() -> None:

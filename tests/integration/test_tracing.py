@@ -29,14 +29,14 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 
-from sdk import telemetry
-from sdk.cluster import work_headers
-from sdk.modelconfig import ConfigError, load_bundle
-from tests.gateway_harness import GatewayThread, unique
-from tests.nats_server import NatsServer
-from tests.servers import REPO, free_port
-from tests.tiny_models import one_model_bundle
-from worker.app import QueueMode, create_app
+from heron.runtime import telemetry
+from heron.runtime.modelconfig import ConfigError, load_bundle
+from heron.runtime.nats_names import work_headers
+from heron.worker.app import QueueMode, create_app
+from tests.support.gateway_harness import GatewayThread, unique
+from tests.support.nats_server import NatsServer
+from tests.support.servers import REPO, free_port
+from tests.support.tiny_models import one_model_bundle
 
 MODEL = "tiny-dense"
 GATEWAY_PHASES = ["request", "publish", "wait"]

@@ -15,8 +15,8 @@ import numpy as np
 import psutil
 import pytest
 
-from sdk import Client
-from tests.servers import REPO, free_port
+from heron_sdk import Client
+from tests.support.servers import REPO, free_port
 
 
 class UpProcess:

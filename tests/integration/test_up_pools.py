@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sdk.pools import POOL_HEADER
+from heron_sdk.pools import POOL_HEADER
 from tests.integration.test_up import UpProcess
 
 

@@ -33,18 +33,14 @@ import torch
 import yaml
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from sdk.modelconfig import ModelConfig, parse_model_config
-from tests.config_procs import MotoS3
-from tests.fake_hub import FakeHub
-from tests.servers import REPO, free_port, start_serve
-from tests.tiny_models import minilm_dir
-from worker.adapters.dense import DenseAdapter
-from worker.weight_stats import weight_cache_stats
-from worker.weights import (
-    WeightsTemporarilyUnavailable,
-    WeightsUnavailable,
-    resolve_weights,
-)
+from heron.runtime.modelconfig import ModelConfig, parse_model_config
+from heron.worker.adapters.dense import DenseAdapter
+from heron.worker.weight_stats import weight_cache_stats
+from heron.worker.weights import WeightsTemporarilyUnavailable, WeightsUnavailable, resolve_weights
+from tests.support.config_procs import MotoS3
+from tests.support.fake_hub import FakeHub
+from tests.support.servers import REPO, free_port, start_serve
+from tests.support.tiny_models import minilm_dir
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -96,9 +92,9 @@ def hub(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
 
 WORKER = """
 import dataclasses, json, logging, sys
-from sdk.modelconfig import parse_model_config
-from worker.weight_stats import weight_cache_stats
-from worker.weights import resolve_weights, wait_for_uploads
+from heron.runtime.modelconfig import parse_model_config
+from heron.worker.weight_stats import weight_cache_stats
+from heron.worker.weights import resolve_weights, wait_for_uploads
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 config = parse_model_config(json.loads(sys.argv[1]))
 try:

@@ -15,8 +15,7 @@ import nats
 import numpy as np
 import pytest
 
-from sdk import wire
-from sdk.cluster import (
+from heron.runtime.nats_names import (
     STATUS_WILDCARD,
     WorkStreamSpec,
     ensure_work_stream,
@@ -24,9 +23,10 @@ from sdk.cluster import (
     work_stream,
     work_subject,
 )
-from sdk.types import EncodeRequest, Item
-from tests.cluster_procs import WorkerProcess
-from tests.nats_server import NatsServer
+from heron_sdk import wire
+from heron_sdk.types import EncodeRequest, Item
+from tests.support.cluster_procs import WorkerProcess
+from tests.support.nats_server import NatsServer
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 

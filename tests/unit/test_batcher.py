@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from sdk.errors import ErrorCode, HeronError
-from worker.batcher import PRIORITY_AGING_S, TokenBudgetBatcher, WorkItem
+from heron.worker.batcher import PRIORITY_AGING_S, TokenBudgetBatcher, WorkItem
+from heron_sdk.errors import ErrorCode, HeronError
 
 
 def make(batcher: TokenBudgetBatcher, lengths: list[int], *, priority: int = 0,
@@ -188,7 +188,7 @@ async def test_window_is_bounded() -> None:
 async def test_batches_shrink_while_priorities_mix() -> None:
     """A priority-0 item waits for the forward pass running when it arrives: while two
     priority levels arrive, batches are an eighth of max_batch_items."""
-    from worker.batcher import MIXED_PRIORITY_BATCH_SHARE
+    from heron.worker.batcher import MIXED_PRIORITY_BATCH_SHARE
 
     alone = new(max_tokens=10_000, max_items=16)
     make(alone, [5] * 40, priority=1)

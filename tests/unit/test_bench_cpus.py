@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.server import on_cpus, pin_process
-from worker.cpus import parse_cpu_list
+from heron.worker.cpus import parse_cpu_list
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.app import create_app
-from gateway.health import THROUGHPUT_WINDOW_S, WorkerHealth
-from gateway.routes import GatewayApp
-from gateway.status_page import GONE_SHOWN_S
-from tests.unit.beats import Clock, beat
+from heron.gateway.app import create_app
+from heron.gateway.health import THROUGHPUT_WINDOW_S, WorkerHealth
+from heron.gateway.routes import GatewayApp
+from heron.gateway.status_page import GONE_SHOWN_S
+from tests.support.beats import Clock, beat
 
 
 def test_throughput_is_the_counters_growth_over_the_window() -> None:

@@ -9,12 +9,17 @@ from typing import Any
 import pytest
 import yaml
 
-from config_service.body import check_name, decode, parse_posted
-from config_service.state import ContentConflict, Registry
-from sdk import wire
-from sdk.errors import ErrorCode, HeronError
-from sdk.modelconfig import ConfigError, bundle_config_hash, load_bundle, parse_model_config
-from tests.config_procs import model_body, write_bundles
+from heron.config_service.body import check_name, decode, parse_posted
+from heron.config_service.state import ContentConflict, Registry
+from heron.runtime.modelconfig import (
+    ConfigError,
+    bundle_config_hash,
+    load_bundle,
+    parse_model_config,
+)
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError
+from tests.support.config_procs import model_body, write_bundles
 
 
 @pytest.fixture()

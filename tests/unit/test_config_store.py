@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from config_service.blobs import DirBlobs, StoreError, open_blobs
-from config_service.body import parse_posted
-from config_service.state import Registry
-from config_service.store import JOURNAL, ConfigStore, LeaseLost, change_key
-from tests.config_procs import model_body, write_bundles
+from heron.config_service.blobs import DirBlobs, StoreError, open_blobs
+from heron.config_service.body import parse_posted
+from heron.config_service.state import Registry
+from heron.config_service.store import JOURNAL, ConfigStore, LeaseLost, change_key
+from tests.support.config_procs import model_body, write_bundles
 
 
 @pytest.fixture()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 
-from sdk.cluster import config_delta
-from sdk.configsync import apply_delta
+from heron.runtime.configsync import apply_delta
+from heron.runtime.nats_names import config_delta
 
 
 def snapshot() -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.cpus import CpuPlacement, format_cpu_list, parse_cpu_list, plan_placement
+from heron.worker.cpus import CpuPlacement, format_cpu_list, parse_cpu_list, plan_placement
 
 
 def test_cpu_lists_parse_and_format_like_linux_cpusets() -> None:

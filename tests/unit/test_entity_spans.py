@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker.adapters.base import Tokenized
-from worker.adapters.token_classifier import TokenClassifierAdapter
+from heron.worker.adapters.base import Tokenized
+from heron.worker.adapters.token_classifier import TokenClassifierAdapter
 
 LABELS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC", 5: "ORG"}
 

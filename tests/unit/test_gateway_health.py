@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.demand import DemandTracker
-from gateway.health import WorkerHealth
-from tests.unit.beats import Clock, beat
+from heron.gateway.demand import DemandTracker
+from heron.gateway.health import WorkerHealth
+from tests.support.beats import Clock, beat
 
 
 def test_a_worker_counts_while_ready_and_beating() -> None:

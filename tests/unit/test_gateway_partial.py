@@ -3,8 +3,8 @@ extract); a client error, or every slice failing, fails the request."""
 
 from __future__ import annotations
 
-from gateway.reassembly import Added, Reassembly, merge_items
-from gateway.slicing import Slice
+from heron.gateway.reassembly import Added, Reassembly, merge_items
+from heron.gateway.slicing import Slice
 
 
 def slices(*counts: int) -> list[Slice]:

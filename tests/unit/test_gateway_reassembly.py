@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from gateway.dispatcher import split_unaccounted
-from gateway.reassembly import Added, Reassembly, merge_items, merge_scores, slice_error
-from gateway.slicing import Slice
-from sdk.errors import ErrorCode, HeronError
+from heron.gateway.dispatcher import split_unaccounted
+from heron.gateway.reassembly import Added, Reassembly, merge_items, merge_scores, slice_error
+from heron.gateway.slicing import Slice
+from heron_sdk.errors import ErrorCode, HeronError
 
 
 def encode_result(start: int, count: int, tag: str = "") -> dict:

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.app import parse_pool_pairs
-from gateway.registry import BundleDirSource, ModelRegistry, check_encode_outputs, describe
-from sdk.errors import ErrorCode, HeronError
-from sdk.modelconfig import ConfigError
-from sdk.types import EncodeRequest, Item
+from heron.gateway.app import parse_pool_pairs
+from heron.gateway.registry import BundleDirSource, RouteTable, check_encode_outputs, describe
+from heron.runtime.modelconfig import ConfigError
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.types import EncodeRequest, Item
 
 ADAPTERS = {"dense": "enc", "sparse": "spl", "multi_vector": "mv", "cross_encoder": "rr",
             "token_classifier": "ner"}
@@ -32,13 +32,13 @@ def write_bundles(root: Path) -> Path:
 
 
 @pytest.fixture()
-def registry(tmp_path: Path) -> ModelRegistry:
-    reg = ModelRegistry(BundleDirSource({"one": "cpu", "two": "gpu"}, write_bundles(tmp_path)))
+def registry(tmp_path: Path) -> RouteTable:
+    reg = RouteTable(BundleDirSource({"one": "cpu", "two": "gpu"}, write_bundles(tmp_path)))
     reg.load()
     return reg
 
 
-def test_names_and_aliases_resolve_to_bundle_and_pool(registry: ModelRegistry) -> None:
+def test_names_and_aliases_resolve_to_bundle_and_pool(registry: RouteTable) -> None:
     route = registry.resolve("enc")
     assert (route.model_id, route.bundle, route.pool) == ("org/enc-model", "one", "cpu")
     assert registry.resolve("org/rr-model").pool == "gpu"
@@ -48,7 +48,7 @@ def test_names_and_aliases_resolve_to_bundle_and_pool(registry: ModelRegistry) -
     assert len(registry.models()) == 5
 
 
-def test_unknown_model_is_404(registry: ModelRegistry) -> None:
+def test_unknown_model_is_404(registry: RouteTable) -> None:
     with pytest.raises(HeronError) as err:
         registry.resolve("no/such")
     assert err.value.code is ErrorCode.MODEL_NOT_FOUND and err.value.status == 404
@@ -59,7 +59,7 @@ def test_unknown_model_is_404(registry: ModelRegistry) -> None:
     ("spl", "encode", True), ("spl", "score", False), ("mv", "encode", True),
     ("mv", "score", False), ("rr", "score", True), ("rr", "encode", False),
     ("ner", "extract", True), ("ner", "encode", False)])
-def test_task_follows_the_adapter(registry: ModelRegistry, model: str, task: str,
+def test_task_follows_the_adapter(registry: RouteTable, model: str, task: str,
                                   ok: bool) -> None:
     if ok:
         assert registry.route_for(model, task).config.aliases == (model,)
@@ -76,7 +76,7 @@ def test_task_follows_the_adapter(registry: ModelRegistry, model: str, task: str
     ("spl", {"output_types": ["sparse"], "output_dtype": "float16"}, True),
     ("spl", {"output_types": ["sparse"], "output_dtype": "binary"}, False),
     ("spl", {}, False)])  # default output is dense
-def test_output_types_follow_the_adapter(registry: ModelRegistry, model: str, body: dict,
+def test_output_types_follow_the_adapter(registry: RouteTable, model: str, body: dict,
                                          ok: bool) -> None:
     req = EncodeRequest.from_wire({"items": ["a"], **body})
     route = registry.route_for(model, "encode")
@@ -91,15 +91,15 @@ def test_output_types_follow_the_adapter(registry: ModelRegistry, model: str, bo
 def test_a_pool_serves_one_bundle_and_a_name_one_model(tmp_path: Path) -> None:
     root = write_bundles(tmp_path)
     with pytest.raises(ConfigError, match="already serves bundle"):
-        ModelRegistry(BundleDirSource({"one": "p", "two": "p"}, root)).load()
+        RouteTable(BundleDirSource({"one": "p", "two": "p"}, root)).load()
     with pytest.raises(ConfigError, match="served by bundles"):
-        ModelRegistry(BundleDirSource({"one": "a", "dup": "b"}, root)).load()
+        RouteTable(BundleDirSource({"one": "a", "dup": "b"}, root)).load()
     with pytest.raises(ConfigError):
-        ModelRegistry(BundleDirSource({"missing": "a"}, root)).load()
+        RouteTable(BundleDirSource({"missing": "a"}, root)).load()
 
 
 def test_the_default_bundle_loads() -> None:
-    registry = ModelRegistry(BundleDirSource({"default": "default"}))
+    registry = RouteTable(BundleDirSource({"default": "default"}))
     registry.load()
     route = registry.route_for("minilm", "encode")
     assert route.model_id == "sentence-transformers/all-MiniLM-L6-v2"
@@ -120,11 +120,11 @@ def test_pool_pairs() -> None:
 
 
 def test_unloaded_registry_answers_not_ready_not_unknown() -> None:
-    from gateway.configs import ConfigServiceSource
-    from gateway.registry import ModelRegistry
-    from sdk.errors import ErrorCode, HeronError
+    from heron.gateway.configs import ConfigServiceSource
+    from heron.gateway.registry import RouteTable
+    from heron_sdk.errors import ErrorCode, HeronError
 
-    registry = ModelRegistry(ConfigServiceSource({"default": "default"}))
+    registry = RouteTable(ConfigServiceSource({"default": "default"}))
     try:
         registry.resolve("minilm")
     except HeronError as exc:

@@ -9,15 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.slicing import (
-    HEADER_BYTES,
-    Slice,
-    encode_slices,
-    estimate_tokens,
-    plan_slices,
-)
-from sdk.errors import HeronError
-from sdk.types import Item
+from heron.gateway.slicing import HEADER_BYTES, Slice, encode_slices, estimate_tokens, plan_slices
+from heron_sdk.errors import HeronError
+from heron_sdk.types import Item
 
 BIG = 1 << 20
 

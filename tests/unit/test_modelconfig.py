@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sdk.modelconfig import ConfigError, load_bundle, parse_model_config
+from heron.runtime.modelconfig import ConfigError, load_bundle, parse_model_config
 
 GOOD = {"id": "org/model", "adapter": "dense", "source": {"hub": "org/model"}}
 
@@ -99,7 +99,7 @@ def test_config_hash_changes_with_content_not_order() -> None:
     a = parse_model_config(GOOD)
     b = parse_model_config({**GOOD, "id": "org/other"})
     c = parse_model_config({**GOOD, "profiles": {"default": {"max_batch_tokens": 99}}})
-    from sdk.modelconfig import bundle_config_hash
+    from heron.runtime.modelconfig import bundle_config_hash
     assert bundle_config_hash([a, b]) == bundle_config_hash([b, a])
     assert bundle_config_hash([a, b]) != bundle_config_hash([c, b])
 

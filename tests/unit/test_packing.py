@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from sdk.modelconfig import model_config_from_dir
-from tests.tiny_models import build_sentencepiece_model, minilm_dir
-from worker.adapters.dense import DenseAdapter
-from worker.batcher import TokenBudgetBatcher, WorkItem
+from heron.runtime.modelconfig import model_config_from_dir
+from heron.worker.adapters.dense import DenseAdapter
+from heron.worker.batcher import TokenBudgetBatcher, WorkItem
+from tests.support.tiny_models import build_sentencepiece_model, minilm_dir
 
 TEXTS = ["a", "a somewhat longer sentence about herons and rivers",
          "mid length text here", " ".join(["long"] * 120)]
@@ -66,7 +66,7 @@ async def test_packed_batcher_counts_real_tokens_not_padding() -> None:
 
 
 def test_packed_lengths_round_up_to_few_shapes() -> None:
-    from worker.adapters.packing import bucketed_length
+    from heron.worker.adapters.packing import bucketed_length
 
     sizes = {bucketed_length(t) for t in range(1, 8193)}
     assert len(sizes) <= 110  # oneDNN builds kernels per shape: keep them few
@@ -81,8 +81,8 @@ def test_padding_of_a_long_packed_batch_stays_within_the_models_positions(
     model's 128 positions."""
     import torch
 
-    from sdk.modelconfig import parse_model_config
-    from worker.adapters.dense import DenseAdapter
+    from heron.runtime.modelconfig import parse_model_config
+    from heron.worker.adapters.dense import DenseAdapter
 
     config = parse_model_config({
         "id": "t/pack", "adapter": "dense", "source": {"path": str(tiny_models["tiny-dense-cls"])},
@@ -100,7 +100,7 @@ def test_padding_of_a_long_packed_batch_stays_within_the_models_positions(
 
 
 def test_attention_groups_cover_each_token_once_with_similar_lengths() -> None:
-    from worker.adapters.packing import GROUP_LENGTH_RATIO, attention_groups
+    from heron.worker.adapters.packing import GROUP_LENGTH_RATIO, attention_groups
 
     rng = np.random.default_rng(7)
     lengths = rng.integers(1, 257, size=64)

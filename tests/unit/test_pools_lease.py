@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from gateway.demand import DemandTracker
-from gateway.metrics import GatewayMetrics
-from sdk.pool_store import LeaseMirror, lease_from_entry
-from sdk.pools import PoolLease, PoolSpec
+from heron.gateway.demand import DemandTracker
+from heron.gateway.metrics import GatewayMetrics
+from heron.runtime.pool_store import LeaseMirror, lease_from_entry
+from heron_sdk.pools import PoolLease, PoolSpec
 
 
 def lease(name: str = "team-a", ttl_s: float = 60.0, age_s: float = 0.0,

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from sdk.calls import CallPolicy, HttpCall, Reply, attempts, chunks
-from sdk.errors import (
+from heron_sdk.calls import CallPolicy, HttpCall, Reply, attempts, chunks
+from heron_sdk.errors import (
     ConnectionError,
     ModelNotFound,
     PoolError,
@@ -20,8 +20,8 @@ from sdk.errors import (
     RequestError,
     ServerError,
 )
-from sdk.results import merge_bodies
-from sdk.types import Item
+from heron_sdk.results import merge_bodies
+from heron_sdk.types import Item
 
 CALL = HttpCall("POST", "/v1/encode/minilm", {"items": ["x"]})
 OK = Reply(200, {}, {"model": "m", "items": []})

@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from sdk.modelconfig import model_config_from_dir
-from tests.tiny_models import minilm_dir
-from worker.adapters.dense import DenseAdapter
+from heron.runtime.modelconfig import model_config_from_dir
+from heron.worker.adapters.dense import DenseAdapter
+from tests.support.tiny_models import minilm_dir
 
 
 def test_concurrent_tokenize_flags_truncation_every_time() -> None:

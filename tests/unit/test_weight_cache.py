@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sdk.modelconfig import parse_model_config
-from tests.servers import REPO
-from worker import weight_cache
-from worker.weight_cache import (
+from heron.runtime.modelconfig import parse_model_config
+from heron.worker import weight_cache
+from heron.worker.weight_cache import (
     MARKER,
     CacheBudget,
     CacheKey,
@@ -30,8 +29,9 @@ from worker.weight_cache import (
     staging_dir,
     unpin_weights,
 )
-from worker.weight_stats import weight_cache_stats
-from worker.weights import WeightsUnavailable, resolve_weights
+from heron.worker.weight_stats import weight_cache_stats
+from heron.worker.weights import WeightsUnavailable, resolve_weights
+from tests.support.servers import REPO
 
 HOUR = 3600.0
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sdk.modelconfig import parse_model_config
-from worker.weights import WeightsUnavailable, resolve_weights
+from heron.runtime.modelconfig import parse_model_config
+from heron.worker.weights import WeightsUnavailable, resolve_weights
 
 
 def config(source: dict) -> object:

@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from sdk import wire
-from sdk.errors import ErrorCode, HeronError
-from sdk.types import EncodeRequest
-from worker.outputs import quantize, truncate_dims
+from heron.worker.outputs import quantize, truncate_dims
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.types import EncodeRequest
 
 
 def test_msgpack_carries_numpy_arrays() -> None:

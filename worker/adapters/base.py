@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from sdk.modelconfig import ModelConfig, Profile
-from worker.adapters import packing
-from worker.adapters.packing import Packing
+from heron.runtime.modelconfig import ModelConfig, Profile
+from heron.worker.adapters import packing
+from heron.worker.adapters.packing import Packing
 
 # A text, or a (query, document) pair for cross-encoders.
 TextInput = str | tuple[str, str]

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from worker.adapters.base import Adapter, Batch
+from heron.worker.adapters.base import Adapter, Batch
 
 
 class CrossEncoderAdapter(Adapter):

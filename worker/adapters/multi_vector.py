@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel
 
-from sdk.modelconfig import ADAPTER_OUTPUT_TYPES
-from worker.adapters.base import Adapter, Batch, masked_mean, to_numpy
+from heron.runtime.modelconfig import ADAPTER_OUTPUT_TYPES
+from heron.worker.adapters.base import Adapter, Batch, masked_mean, to_numpy
 
 
 class MultiVectorAdapter(Adapter):

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from sdk.modelconfig import ADAPTER_OUTPUT_TYPES
-from worker.adapters.base import Adapter, Batch
+from heron.runtime.modelconfig import ADAPTER_OUTPUT_TYPES
+from heron.worker.adapters.base import Adapter, Batch
 
 DIMENSIONS = 384
 

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from transformers import AutoModelForMaskedLM
 
-from sdk.modelconfig import ADAPTER_OUTPUT_TYPES
-from sdk.types import SparseVector
-from worker.adapters.base import Adapter, Batch
+from heron.runtime.modelconfig import ADAPTER_OUTPUT_TYPES
+from heron.worker.adapters.base import Adapter, Batch
+from heron_sdk.types import SparseVector
 
 
 class SparseAdapter(Adapter):

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForTokenClassification
 
-from sdk.types import Entity
-from worker.adapters.base import Adapter, Batch, Tokenized
+from heron.worker.adapters.base import Adapter, Batch, Tokenized
+from heron_sdk.types import Entity
 
 
 class TokenClassifierAdapter(Adapter):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.servers import REPO, free_port
+from tests.support.servers import REPO, free_port
 
 
 class ChildProcess:

@@ -30,9 +30,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 from nats.js.kv import KeyValue
 
-from sdk.cluster import POOLS_BUCKET, POOLS_MARKER_TTL_S, ensure_pools_bucket
-from sdk.errors import ErrorCode, HeronError
-from sdk.pools import PoolLease
+from heron.runtime.nats_names import POOLS_BUCKET, POOLS_MARKER_TTL_S, ensure_pools_bucket
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.pools import PoolLease
 
 log = logging.getLogger("heron.pools")
 

@@ -138,7 +138,7 @@ def bundle_config_hash(models: tuple[ModelConfig, ...] | list[ModelConfig]) -> s
 
 def default_bundles_dir() -> Path:
     env = os.environ.get("HERON_BUNDLES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "bundles"
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "bundles"
 
 
 # ---- parsing -------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """What the gateway tests run against: a real gateway (uvicorn on a loopback port, in a
 thread) and a fake worker (a thread with its own event loop that pulls work items from the
-pool's consumer by the sdk.cluster names, answers them and beats). The fake computes
+pool's consumer by the heron.runtime.nats_names names, answers them and beats). The fake computes
 answers from the text alone, so tests know what to expect without a model.
 
 The tests here check the gateway's start-up without NATS; the rest are in
@@ -27,11 +27,10 @@ import uvicorn
 import yaml
 from nats.js.errors import NotFoundError
 
-from gateway.app import create_app
-from gateway.routes import GatewayApp
-from gateway.settings import GatewaySettings
-from sdk import wire
-from sdk.cluster import (
+from heron.gateway.app import create_app
+from heron.gateway.routes import GatewayApp
+from heron.gateway.settings import GatewaySettings
+from heron.runtime.nats_names import (
     Header,
     WorkStreamSpec,
     ensure_work_stream,
@@ -40,7 +39,8 @@ from sdk.cluster import (
     work_consumer,
     work_stream,
 )
-from tests.servers import REPO, ServerProcess, free_port, wait_until
+from heron_sdk import wire
+from tests.support.servers import REPO, ServerProcess, free_port, wait_until
 
 # ---- bundles: configs only (the fake worker needs no weights) -----------------------------
 ADAPTER_OF = {"dense": "dense", "rerank": "cross_encoder", "ner": "token_classifier",

@@ -27,7 +27,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from sdk.modelconfig import ConfigError
+from heron.runtime.modelconfig import ConfigError
 
 if TYPE_CHECKING:  # the SDK is imported only when tracing is turned on
     from opentelemetry.sdk.trace import TracerProvider

@@ -1,6 +1,6 @@
 """The ``heron`` command: ``serve`` (single node), ``up`` (local cluster), ``gateway``,
 ``worker`` and ``config`` (each part alone, the shape Kubernetes runs), and the client
-commands ``encode``, ``score``, ``extract`` and ``models`` (heron/client_cli.py)."""
+commands ``encode``, ``score``, ``extract`` and ``models`` (heron/cli/client.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from heron.client_cli import add_client_commands
-from sdk.modelconfig import Bundle, ConfigError, load_bundle, load_model_config
+from heron.cli.client import add_client_commands
+from heron.runtime.modelconfig import Bundle, ConfigError, load_bundle, load_model_config
 
 if TYPE_CHECKING:
-    from worker.app import QueueMode
-    from worker.cpus import CpuPlacement
+    from heron.worker.app import QueueMode
+    from heron.worker.cpus import CpuPlacement
 
 
 def _select_models(bundle: Bundle, models: str | None) -> Bundle:
@@ -40,7 +40,7 @@ def _select_models(bundle: Bundle, models: str | None) -> Bundle:
 
 
 def _uvicorn_options(args: argparse.Namespace) -> dict[str, object]:
-    from sdk.logs import uvicorn_log_config
+    from heron.runtime.logs import uvicorn_log_config
 
     return {"host": args.host, "port": args.port, "log_level": args.log_level,
             "access_log": args.access_log, "loop": "uvloop", "http": "httptools",
@@ -50,8 +50,8 @@ def _uvicorn_options(args: argparse.Namespace) -> dict[str, object]:
 def _build_worker_app(args: argparse.Namespace, queue: QueueMode | None) -> object:
     import torch
 
-    from sdk.telemetry import setup_tracing
-    from worker.app import create_app
+    from heron.runtime.telemetry import setup_tracing
+    from heron.worker.app import create_app
 
     setup_tracing("heron-worker")  # HERON_TRACING; in every `serve --workers N` process
     if args.threads:
@@ -67,7 +67,7 @@ def _build_worker_app(args: argparse.Namespace, queue: QueueMode | None) -> obje
 def _cpu_placement(setting: str, threads: int) -> CpuPlacement | None:
     """--inference-cpus: move this process's threads off the model's CPUs now; the
     inference thread pins itself to them when it starts (see worker.cpus)."""
-    from worker.cpus import apply_to_process, placement_requested, plan_placement
+    from heron.worker.cpus import apply_to_process, placement_requested, plan_placement
 
     if not hasattr(os, "sched_setaffinity"):
         if placement_requested(setting):
@@ -101,7 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     load_bundle(args.bundle)  # a bad bundle fails here, not in every process
     args.threads = args.threads or threads_per_process(processes)
     log = logging.getLogger("heron.serve")
-    from worker.cpus import placement_requested
+    from heron.worker.cpus import placement_requested
 
     if placement_requested(args.inference_cpus):
         # Every process would pin its model to the same CPUs.
@@ -114,10 +114,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         log.info("serving with %d processes of %d torch threads each", processes,
                  args.threads)
-        from heron.processes import run_processes
+        from heron.cli.processes import run_processes
 
-        # A listening socket per process (heron.processes): connections spread evenly.
-        run_processes(uvicorn.Config("heron.cli:serve_app_from_env", factory=True,
+        # A listening socket per process (heron.cli.processes): connections spread evenly.
+        run_processes(uvicorn.Config("heron.cli.main:serve_app_from_env", factory=True,
                                      workers=processes, **_uvicorn_options(args)))
     return 0
 
@@ -171,7 +171,7 @@ def serve_processes(workers: str, device: str) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from worker.app import QueueMode
+    from heron.worker.app import QueueMode
 
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     queue = QueueMode(nats_url=args.nats, pool=args.pool or args.bundle, worker_id=worker_id,
@@ -180,8 +180,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from gateway.app import parse_pool_pairs, run
-    from sdk.telemetry import setup_tracing
+    from heron.gateway.app import parse_pool_pairs, run
+    from heron.runtime.telemetry import setup_tracing
 
     setup_tracing("heron-gateway")  # HERON_TRACING
     run(args.nats, parse_pool_pairs(args.pool or []), host=args.host, port=args.port,
@@ -191,7 +191,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from config_service.app import run
+    from heron.config_service.app import run
 
     run(args.nats, args.store, host=args.host, port=args.port, log_level=args.log_level,
         instance_id=args.instance_id, lease_ttl_s=args.lease_ttl,
@@ -202,7 +202,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     import asyncio
 
-    from heron.up import LocalCluster, UpOptions
+    from heron.cli.up import LocalCluster, UpOptions
 
     options = UpOptions(host=args.host, port=args.port, nats_port=args.nats_port,
                         data_dir=Path(args.data_dir), bundle=args.bundle,
@@ -332,7 +332,7 @@ _JSON_LOG_COMMANDS = ("gateway", "worker", "config")
 def configure_logs(args: argparse.Namespace) -> None:
     """Level from --log-level (HERON_LOG_LEVEL), format from HERON_LOG_FORMAT (json for
     gateway, worker and config; text for serve, up and the client commands)."""
-    from sdk.logs import configure_logging, log_format
+    from heron.runtime.logs import configure_logging, log_format
 
     command = getattr(args, "command", "")
     fields: dict[str, str] = {}

@@ -24,8 +24,8 @@ from typing import Any
 
 import orjson
 
-from sdk import telemetry
-from sdk.modelconfig import ConfigError
+from heron.runtime import telemetry
+from heron.runtime.modelconfig import ConfigError
 
 LOG_FORMAT_ENV = "HERON_LOG_FORMAT"
 LOG_LEVEL_ENV = "HERON_LOG_LEVEL"

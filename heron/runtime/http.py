@@ -19,11 +19,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sdk import telemetry, wire
-from sdk.errors import ErrorCode, HeronError
-from sdk.ids import request_id_from
-from sdk.logs import RequestContext, bind_request, current_request
-from sdk.types import MAX_BODY_BYTES
+from heron.runtime import telemetry
+from heron.runtime.logs import RequestContext, bind_request, current_request
+from heron_sdk import wire
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.ids import request_id_from
+from heron_sdk.types import MAX_BODY_BYTES
 
 log = logging.getLogger("heron.http")
 

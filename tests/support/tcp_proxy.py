@@ -9,7 +9,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 
 class TcpProxy:

@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
-from sdk.client import Client, default_url
-from sdk.errors import HeronError
+from heron_sdk.client import Client, default_url
+from heron_sdk.errors import HeronError
 
 
 def _texts(args: argparse.Namespace) -> list[str]:

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 
 def nats_binary() -> str:

@@ -22,8 +22,8 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
-from sdk import wire
-from sdk.cluster import CONFIG_STREAM, config_all_subject, config_subject
+from heron.runtime.nats_names import CONFIG_STREAM, config_all_subject, config_subject
+from heron_sdk import wire
 
 log = logging.getLogger("heron.configsync")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sdk.errors import ErrorCode, HeronError, invalid_field
-from sdk.types import MAX_ITEMS_PER_REQUEST, check_text
-from sdk.wire import array_to_base64
+from heron_sdk.errors import ErrorCode, HeronError, invalid_field
+from heron_sdk.types import MAX_ITEMS_PER_REQUEST, check_text
+from heron_sdk.wire import array_to_base64
 
 
 def parse_embeddings_request(body: Any) -> tuple[str, list[str], str, int | None]:

@@ -10,7 +10,7 @@
   When the lease is deleted or expires, every worker of the pool is stopped (SIGTERM:
   they drain what they hold).
 
-The processes themselves belong to ``heron.up.LocalCluster``; this module only decides.
+The processes themselves belong to ``heron.cli.up.LocalCluster``; this module only decides.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any, Protocol
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from sdk import wire
-from sdk.cluster import DEMAND_WILDCARD, STATUS_WILDCARD, ensure_pools_bucket
-from sdk.errors import HeronError
-from sdk.pool_store import LeaseMirror
-from sdk.pools import PoolLease
+from heron.runtime.nats_names import DEMAND_WILDCARD, STATUS_WILDCARD, ensure_pools_bucket
+from heron.runtime.pool_store import LeaseMirror
+from heron_sdk import wire
+from heron_sdk.errors import HeronError
+from heron_sdk.pools import PoolLease
 
 log = logging.getLogger("heron.up.autoscaler")
 

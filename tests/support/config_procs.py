@@ -1,5 +1,5 @@
 """Helpers for the config service tests (no tests here): a bundles dir, the service run
-in-process (uvicorn in a thread) or as a ``python -m config_service`` child, a moto S3
+in-process (uvicorn in a thread) or as a ``python -m heron.config_service`` child, a moto S3
 server on loopback, and reading deltas back from JetStream."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import yaml
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from config_service.app import create_app
-from sdk import wire
-from sdk.cluster import CONFIG_STREAM
-from tests.cluster_procs import ChildProcess
-from tests.nats_server import NatsServer
-from tests.servers import free_port
+from heron.config_service.app import create_app
+from heron.runtime.nats_names import CONFIG_STREAM
+from heron_sdk import wire
+from tests.support.cluster_procs import ChildProcess
+from tests.support.nats_server import NatsServer
+from tests.support.servers import free_port
 
 ADMIN = "s3cret-admin"
 
@@ -114,7 +114,7 @@ def wait_status(url: str, timeout_s: float, *, leader: bool | None = None,
     raise TimeoutError(f"{url} not ready (leader={leader}): {last}")
 
 
-class ConfigProcess(ChildProcess):
+class LeaderConfigProcess(ChildProcess):
     """The config service as a child process (so a test can kill -9 it), with the admin
     token set."""
 
