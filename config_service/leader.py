@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
@@ -67,15 +68,23 @@ class LeaderLease:
     def is_leader(self) -> bool:
         return self.revision is not None and time.monotonic() < self._valid_until
 
-    async def run(self, kv: KeyValue) -> None:
-        """Forever: acquire or renew every ttl/3. ``self.kv`` may be replaced meanwhile
-        (after a NATS reconnect the bucket is looked up again)."""
-        self.kv = kv
+    async def declare_bucket(self, nc: NatsClient) -> None:
+        """Look up (or create) the lease bucket on this connection: at NATS setup and again
+        after every reconnect (a NATS that came back without its store lost the bucket)."""
+        # Lease calls time out well inside the lease, so a stuck one cannot outlive it.
+        js = nc.jetstream(timeout=max(0.5, self.interval_s))
+        self.kv = await leader_bucket(js, self.ttl_s)
+
+    async def run(self) -> None:
+        """Forever: acquire or renew every ttl/3, on the bucket ``declare_bucket`` found
+        last (it is looked up again after a NATS reconnect)."""
         while True:
+            kv = self.kv
+            assert kv is not None, "declare_bucket() first"
             if self.revision is None:
-                await self._try_acquire(self.kv)
+                await self._try_acquire(kv)
             else:
-                await self._renew(self.kv)
+                await self._renew(kv)
             await asyncio.sleep(self.interval_s)
 
     async def _try_acquire(self, kv: KeyValue) -> None:

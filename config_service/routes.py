@@ -17,8 +17,33 @@ from starlette.routing import Route
 
 from heron.config_service.body import read_raw
 from heron.config_service.service import ConfigService
+from heron.runtime.front import api_docs_routes
 from heron.runtime.http import EXCEPTION_HANDLERS, respond
+from heron.runtime.openapi import ApiOperation
+from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
+
+# The config service's routes, as its OpenAPI document describes them.
+CONFIG_OPERATIONS: tuple[ApiOperation, ...] = (
+    ApiOperation("POST", "/v1/configs/models", "postModelConfig",
+                 "Add or replace a model config (admin token)", "configs",
+                 request_media=(wire.JSON, "application/yaml"), auth=True),
+    ApiOperation("GET", "/v1/configs/models", "listModelConfigs", "Every model config",
+                 "configs"),
+    ApiOperation("GET", "/v1/configs/models/{model}", "getModelConfig",
+                 "One model config and the bundles that serve it", "configs"),
+    ApiOperation("GET", "/v1/configs/export", "exportConfigs",
+                 "The full snapshot: models and bundles at the current epoch (admin token)",
+                 "configs", auth=True),
+    ApiOperation("GET", "/v1/configs/epoch", "getConfigEpoch",
+                 "The current epoch and bundles hash", "configs"),
+    ApiOperation("GET", "/v1/configs/bundles", "listBundles", "Every bundle", "configs"),
+    ApiOperation("GET", "/v1/configs/bundles/{name}", "getBundle", "One bundle", "configs"),
+    ApiOperation("GET", "/healthz", "healthz", "The process is alive", "health"),
+    ApiOperation("GET", "/readyz", "readyz",
+                 "200 once the store is read and NATS is connected", "health"),
+    ApiOperation("GET", "/metrics", "metrics", "Prometheus metrics", "health"),
+)
 
 
 class ConfigRoutes:
@@ -130,6 +155,7 @@ class ConfigRoutes:
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
+            *api_docs_routes(CONFIG_OPERATIONS, "Heron config service"),
         ]
         app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS),
                         lifespan=lifespan)

@@ -17,13 +17,16 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+
 from heron.config_service.body import body_digest, decode, parse_posted
 from heron.config_service.leader import LeaderLease
 from heron.config_service.metrics import ConfigMetrics
-from heron.config_service.nats_conn import NatsConn
 from heron.config_service.state import Change, Registry
 from heron.config_service.store import ConfigStore, Journal, LeaseLost
-from heron.runtime.nats_names import config_all_subject, config_subject
+from heron.runtime.nats_link import NatsLink
+from heron.runtime.nats_names import config_all_subject, config_subject, ensure_config_stream
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
 
@@ -49,7 +52,9 @@ class ConfigService:
                                  on_lost=self._on_lost)
         self.loaded = False
         self.writable = False
-        self.nats = NatsConn(nats_url, name=f"heron-config-{instance_id}", lease=self.lease)
+        self.nats = NatsLink(nats_url, name=f"heron-config-{instance_id}",
+                             setup=self._set_up_nats, on_reconnect=self._set_up_nats,
+                             logger_name="heron.config.nats")
         self.last_error: str | None = None
         self._pending: dict[int, Change] = {}  # committed, deltas not out yet
         self._answers: OrderedDict[str, tuple[str, int, dict[str, Any]]] = OrderedDict()
@@ -63,7 +68,7 @@ class ConfigService:
 
     @property
     def nats_connected(self) -> bool:
-        return self.nats.connected
+        return self.nats.ready
 
     @property
     def ready(self) -> bool:
@@ -111,9 +116,16 @@ class ConfigService:
                 await asyncio.sleep(RETRY_S)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._follow()))
-        kv = await self.nats.connect()
+        self.nats.start()
+        await self.nats.wait_set_up()
         self._tasks.append(loop.create_task(self._publish_loop()))
-        await self.lease.run(kv)
+        await self.lease.run()
+
+    async def _set_up_nats(self, nc: NatsClient, js: JetStreamContext) -> None:
+        """Once connected, and again after every reconnect (a NATS that came back without
+        its store lost them): the config stream and the lease bucket."""
+        await ensure_config_stream(js)
+        await self.lease.declare_bucket(nc)
 
     def _error(self, op: str, message: str) -> None:
         self.last_error = message
@@ -268,7 +280,7 @@ class ConfigService:
     async def _publish(self, change: Change) -> None:
         js = self.nats.js
         assert js is not None
-        payload = wire.encode(change.delta(), wire.MSGPACK)
+        payload = wire.encode(change.delta().to_wire(), wire.MSGPACK)
         subjects = [config_subject(b) for b in change.bundles] + [config_all_subject()]
         for subject in dict.fromkeys(subjects):
             await js.publish(subject, payload, timeout=PUBLISH_TIMEOUT_S,

@@ -21,7 +21,7 @@ from heron.runtime.modelconfig import (
     load_bundle,
     parse_model_config,
 )
-from heron.runtime.nats_names import config_delta
+from heron.runtime.protocol import ConfigDelta
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 
 
@@ -61,9 +61,10 @@ class Change:
         return {"id": self.id, "epoch": self.epoch, "bundles": list(self.bundles),
                 "created": True}
 
-    def delta(self) -> dict[str, Any]:
-        return config_delta(epoch=self.epoch, model=self.model.to_dict(),
-                            bundles=list(self.bundles), bundles_hash=dict(self.bundles_hash))
+    def delta(self) -> ConfigDelta:
+        """The message that announces this change (heron.runtime.protocol)."""
+        return ConfigDelta(self.epoch, self.model.to_dict(), self.bundles,
+                           dict(self.bundles_hash))
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "id": self.id, "model": self.model.to_dict(),

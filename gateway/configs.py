@@ -3,7 +3,7 @@
 ``ConfigServiceSource`` feeds the registry from the config service's snapshot instead of
 bundle files; ``GatewayConfigSync`` follows the service (heron.runtime.configsync) and re-loads the
 registry on every change, so a POSTed model routes within about a second without a
-restart. ``model_status`` answers GET /v1/configs/models/{id}/status from heartbeats.
+restart. ``model_status`` is the body of GET /v1/configs/models/{id}/status, from heartbeats.
 """
 
 from __future__ import annotations
@@ -11,20 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from nats.aio.client import Client as NatsClient
-from starlette.requests import Request
-from starlette.responses import Response
 
-from heron.gateway.registry import PoolBundle
+from heron.gateway.health import WorkerHealth
+from heron.gateway.registry import PoolBundle, RouteTable
 from heron.runtime.configsync import ConfigFollower, Snapshot
-from heron.runtime.http import respond
 from heron.runtime.modelconfig import Bundle, ConfigError, parse_model_config
-
-if TYPE_CHECKING:
-    from heron.gateway.routes import GatewayApp
 
 log = logging.getLogger("heron.gateway.configs")
 
@@ -61,10 +56,17 @@ class ConfigServiceSource:
 
 
 class GatewayConfigSync:
-    def __init__(self, gateway: GatewayApp, config_url: str,
-                 source: ConfigServiceSource) -> None:
-        self.gateway = gateway
+    """Applies the config service's snapshots to ``registry`` (fed by ``source``), tells
+    ``health`` which bundle hash each pool should beat, and has new pools' streams declared
+    (``declare_streams``: a no-op while NATS is away)."""
+
+    def __init__(self, config_url: str, source: ConfigServiceSource, registry: RouteTable,
+                 health: WorkerHealth, *,
+                 declare_streams: Callable[[], Awaitable[None]]) -> None:
         self.source = source
+        self.registry = registry
+        self.health = health
+        self._declare_streams = declare_streams
         self.follower = ConfigFollower(config_url, on_change=self._on_change)
         self._started = False
         self._declaring: asyncio.Task | None = None
@@ -85,7 +87,7 @@ class GatewayConfigSync:
     async def _on_change(self, snapshot: Snapshot) -> None:
         previous = self.source.snapshot
         self.source.snapshot = snapshot
-        registry = self.gateway.registry
+        registry = self.registry
         try:
             registry.load()
         except ConfigError as exc:  # keep routing with what we had
@@ -93,7 +95,7 @@ class GatewayConfigSync:
             self.source.snapshot = previous
             return
         for pool, bundle in registry.pools().items():
-            self.gateway.health.expect(pool, bundle, registry.bundle_hash(pool))
+            self.health.expect(pool, bundle, registry.bundle_hash(pool))
         self._declare_streams_soon()
         log.info("config epoch %s applied: %d models", snapshot.get("epoch"),
                  len(registry.models()))
@@ -111,14 +113,12 @@ class GatewayConfigSync:
     async def _declare(self) -> None:
         while True:
             self._declare_again = False
-            link = self.gateway.link
-            if link.ready and link.nc is not None:
-                try:
-                    await self.gateway.declare_streams(link.nc, link.js)
-                except Exception as exc:
-                    # the latest epoch: a rerun covers every epoch applied while one ran
-                    log.warning("declaring streams after config epoch %s failed: %s",
-                                self.epoch, exc)
+            try:
+                await self._declare_streams()
+            except Exception as exc:
+                # the latest epoch: a rerun covers every epoch applied while one ran
+                log.warning("declaring streams after config epoch %s failed: %s",
+                            self.epoch, exc)
             if not self._declare_again:
                 return
 
@@ -127,23 +127,22 @@ class GatewayConfigSync:
         return self.follower.epoch
 
 
-async def model_status(gateway: GatewayApp, request: Request) -> Response:
+def model_status(registry: RouteTable, health: WorkerHealth, name: str,
+                 epoch: int | None) -> dict[str, Any]:
     """Which workers of the model's pool have it, in which state, and whether their bundle
     hash matches the gateway's (they applied the same config)."""
-    route = gateway.registry.resolve(request.path_params["model"])
-    expected_hash = gateway.registry.bundle_hash(route.pool)
+    route = registry.resolve(name)
+    expected_hash = registry.bundle_hash(route.pool)
     workers: list[dict[str, Any]] = []
-    for beat in gateway.health.workers(route.pool):
+    for beat in health.workers(route.pool):
         workers.append({"worker_id": beat.worker_id, "state": beat.models.get(route.model_id,
                                                                            "absent"),
                         "applied": route.model_id in beat.models,
                         "bundle_hash_matches": beat.bundle_hash == expected_hash,
-                        "healthy": gateway.health.is_healthy(beat)})
-    sync = gateway.config_sync
+                        "healthy": health.is_healthy(beat)})
     body = {"id": route.model_id, "bundle": route.bundle, "pool": route.pool,
-            "bundle_hash": expected_hash, "epoch": sync.epoch if sync else None,
-            "workers": workers,
+            "bundle_hash": expected_hash, "epoch": epoch, "workers": workers,
             "applied_by": sum(1 for w in workers if w["applied"])}
     if not workers:
         body["note"] = "no worker of this pool is beating"
-    return respond(request, body)
+    return body

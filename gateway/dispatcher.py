@@ -28,12 +28,13 @@ from nats.js.errors import APIError
 from opentelemetry.trace import SpanKind
 
 from heron.gateway.metrics import GatewayMetrics
-from heron.gateway.nats_link import NatsLink
 from heron.gateway.reassembly import Added, Reassembly
 from heron.gateway.settings import GatewaySettings
 from heron.gateway.slicing import Slice, encode_slices, plan_slices
 from heron.runtime import telemetry
-from heron.runtime.nats_names import reply_subject, work_headers, work_subject
+from heron.runtime.nats_link import NatsLink
+from heron.runtime.nats_names import reply_subject, work_subject
+from heron.runtime.protocol import ProtocolError, WorkItemHeaders, WorkResult
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.ids import new_request_id
@@ -160,10 +161,9 @@ class Dispatcher:
                                 work.timeout_s - (time.monotonic() - started)))
         publishes = []
         for piece, payload in encoded:
-            headers = work_headers(
-                request_id=work.request_id, task=work.task, model=work.model_id, reply=reply,
-                start=piece.start, count=piece.count, deadline=deadline,
-                priority=work.priority)
+            headers = WorkItemHeaders(work.request_id, work.task, work.model_id, reply,
+                                      piece.start, piece.count, deadline,
+                                      work.priority).to_wire()
             telemetry.inject(headers)  # traceparent: the worker's spans join this trace
             publishes.append(js.publish(subject, payload, timeout=timeout, headers=headers))
         if len(publishes) == 1:
@@ -197,10 +197,8 @@ class Dispatcher:
                 await msg.respond(b"")
         arrived = time.monotonic()
         try:
-            message = wire.decode(msg.data, wire.MSGPACK)
-            if "request_id" not in message:  # not a result of ours
-                raise KeyError("request_id")
-        except (HeronError, KeyError, TypeError) as exc:
+            result = WorkResult.from_wire(wire.decode(msg.data, wire.MSGPACK))
+        except (HeronError, ProtocolError) as exc:
             log.warning("dropping a malformed result on %s: %s", msg.subject, exc)
             self.metrics.ignored_results.labels("malformed").inc()
             return
@@ -208,12 +206,11 @@ class Dispatcher:
         if pending is None:
             self.metrics.ignored_results.labels("unknown").inc()
             return
-        outcome = pending.reassembly.add(message)
+        outcome = pending.reassembly.add(result)
         if outcome in (Added.ACCEPTED, Added.COMPLETE):
-            count = int(message["count"])
-            pending.answered += count
-            self._add_outstanding(pending.pool, -count)
-            worker_s = (message.get("timings") or {}).get("total")
+            pending.answered += result.count
+            self._add_outstanding(pending.pool, -result.count)
+            worker_s = result.timings.get("total") if result.timings else None
             if isinstance(worker_s, int | float):  # the last slice's: see Reassembly.timings
                 pending.unaccounted_s = max(0.0, arrived - pending.published_at - worker_s)
         elif outcome in (Added.DUPLICATE, Added.UNEXPECTED):

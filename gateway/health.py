@@ -3,7 +3,7 @@
 Every worker publishes one beat a second. A worker counts as capacity while its last beat
 said ready and arrived less than ``timeout_s`` ago (measured on the gateway's own monotonic
 clock, so clock skew between hosts changes nothing). Nothing here talks to NATS: the
-gateway feeds ``observe`` from its subscription.
+gateway feeds ``observe`` from its subscription (heron.runtime.protocol.WorkerHeartbeat).
 
 Recent throughput comes from the beats too: each carries counters of the items the worker
 has computed, and ``throughput`` divides their growth over the last ``THROUGHPUT_WINDOW_S``
@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from heron.runtime.protocol import ProtocolError, WorkerHeartbeat
 
 log = logging.getLogger("heron.gateway.health")
 
@@ -59,7 +61,6 @@ class WorkerBeat:
     in_flight: int
     address: str
     received: float  # gateway monotonic time
-    raw: dict[str, Any] = field(repr=False, default_factory=dict)
     memory_rss: int = 0
     model_memory: dict[str, int] = field(default_factory=dict)  # model id -> bytes
     # This worker's counters over the throughput window, oldest first (carried from beat to
@@ -86,25 +87,22 @@ class WorkerHealth:
         while they drain, are still recorded like any other."""
         self._expected.pop(pool, None)
 
-    def observe(self, beat: Mapping[str, Any]) -> None:
-        """Record one decoded heartbeat (malformed ones are dropped with a log line)."""
+    def observe(self, message: Mapping[str, Any] | WorkerHeartbeat) -> None:
+        """Record one heartbeat, decoded or read (malformed ones are dropped with a log
+        line)."""
         try:
-            worker = WorkerBeat(
-                worker_id=str(beat["worker_id"]), pool=str(beat["pool"]),
-                bundle=str(beat.get("bundle", "")), bundle_hash=str(beat.get("bundle_hash", "")),
-                ready=bool(beat.get("ready")), models=dict(beat.get("models") or {}),
-                queue_depth=int(beat.get("queue_depth") or 0),
-                in_flight=int(beat.get("in_flight") or 0),
-                address=str(beat.get("address") or ""), received=self.clock(), raw=dict(beat),
-                memory_rss=int(beat.get("memory_rss") or 0),
-                model_memory={str(m): int(b) for m, b in
-                              dict(beat.get("model_memory") or {}).items()})
-            count = ItemCount(worker.received, int(beat.get("items_done") or 0),
-                              {str(m): int(n) for m, n in
-                               dict(beat.get("model_items") or {}).items()})
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("dropping a malformed heartbeat (%s): %r", exc, beat)
+            beat = message if isinstance(message, WorkerHeartbeat) else \
+                WorkerHeartbeat.from_wire(message)
+        except ProtocolError as exc:
+            log.warning("dropping a malformed heartbeat (%s): %r", exc, message)
             return
+        received = self.clock()
+        worker = WorkerBeat(
+            worker_id=beat.worker_id, pool=beat.pool, bundle=beat.bundle,
+            bundle_hash=beat.bundle_hash, ready=beat.ready, models=beat.models,
+            queue_depth=beat.queue_depth, in_flight=beat.in_flight, address=beat.address,
+            received=received, memory_rss=beat.memory_rss, model_memory=beat.model_memory)
+        count = ItemCount(received, beat.items_done, beat.model_items)
         self._add_count(worker, count)
         self._check_bundle(worker)
         self._workers[worker.worker_id] = worker

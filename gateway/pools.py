@@ -13,15 +13,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import nats.errors
 from nats.js import JetStreamContext
 from starlette.requests import Request
 from starlette.responses import Response
 
-from heron.gateway.registry import ModelRoute
+from heron.gateway.health import WorkerHealth
+from heron.gateway.registry import ModelRoute, RouteTable
+from heron.gateway.settings import GatewaySettings
 from heron.runtime.http import read_body, read_raw, respond
 from heron.runtime.nats_names import ensure_work_stream
 from heron.runtime.pool_store import LeaseMirror, PoolStore, pool_not_found
@@ -29,15 +31,26 @@ from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 from heron_sdk.pools import POOL_HEADER, PoolLease, PoolSpec, check_pool_name, renew_ttl
 
-if TYPE_CHECKING:
-    from heron.gateway.routes import GatewayApp
-
 log = logging.getLogger("heron.gateway.pools")
 
 
 class GatewayPools:
-    def __init__(self, gateway: GatewayApp) -> None:
-        self.gateway = gateway
+    """The gateway's pools: static (its registry's) and leased (the bucket's mirror).
+
+    ``jetstream`` gives the context for a write (or raises 503 while NATS is away),
+    ``nats_unavailable`` builds that 503, and ``on_pool_ended`` drops what the gateway keeps
+    per pool when a lease ends."""
+
+    def __init__(self, registry: RouteTable, health: WorkerHealth, settings: GatewaySettings,
+                 *, jetstream: Callable[[], JetStreamContext],
+                 nats_unavailable: Callable[[str], HeronError],
+                 on_pool_ended: Callable[[str], None]) -> None:
+        self.registry = registry
+        self.health = health
+        self.settings = settings
+        self._jetstream = jetstream
+        self._nats_unavailable = nats_unavailable
+        self._on_pool_ended = on_pool_ended
         self.mirror = LeaseMirror(on_change=self._on_change)
 
     # ---- NATS ----------------------------------------------------------------------------
@@ -51,16 +64,16 @@ class GatewayPools:
     # ---- lookups -------------------------------------------------------------------------
     def leased(self) -> dict[str, PoolLease]:
         """Live leases, static pool names left out (a static pool wins over a lease)."""
-        static = self.gateway.registry.pools()
+        static = self.registry.pools()
         return {n: lease for n, lease in self.mirror.live().items() if n not in static}
 
     def all_pools(self) -> dict[str, str]:
         """pool -> bundle, for every pool this gateway routes to: static and leased."""
         leased = {name: lease.bundle for name, lease in self.leased().items()}
-        return {**leased, **self.gateway.registry.pools()}
+        return {**leased, **self.registry.pools()}
 
     def bundle_of(self, name: str) -> str:
-        static = self.gateway.registry.pools().get(name)
+        static = self.registry.pools().get(name)
         if static is not None:
             return static
         return self._lease(name).bundle
@@ -76,10 +89,10 @@ class GatewayPools:
             raise pool_not_found(name)
         return lease
 
-    def route(self, request: Request, route: ModelRoute) -> ModelRoute:
-        """The route with the request's ``X-Heron-Pool`` applied (none: unchanged). The
-        named pool must serve the model's bundle."""
-        name = request.headers.get(POOL_HEADER)
+    def route(self, headers: Mapping[str, str], route: ModelRoute) -> ModelRoute:
+        """The route with the request's ``X-Heron-Pool`` header applied (none: unchanged).
+        The named pool must serve the model's bundle."""
+        name = headers.get(POOL_HEADER)
         if name is None:
             return route
         check_pool_name(name, POOL_HEADER)
@@ -91,29 +104,26 @@ class GatewayPools:
         return route if name == route.pool else dataclasses.replace(route, pool=name)
 
     def _bundle_hash(self, bundle: str) -> str | None:
-        registry = self.gateway.registry
+        registry = self.registry
         for pool, name in registry.pools().items():
             if name == bundle:
                 return registry.bundle_hash(pool)
         return None
 
     def _on_change(self, name: str, lease: PoolLease | None) -> None:
-        g = self.gateway
-        if name in g.registry.pools():
+        if name in self.registry.pools():
             return  # a static pool of ours: the lease changes nothing here
         if lease is None:
             log.info("leased pool %s ended: no more routing or demand for it", name)
-            g.demand.forget(name)
-            g.metrics.forget_pool(name)
-            g.health.forget(name)
+            self._on_pool_ended(name)
             return
         bundle_hash = self._bundle_hash(lease.bundle)
         if bundle_hash is not None:
-            g.health.expect(name, lease.bundle, bundle_hash)
+            self.health.expect(name, lease.bundle, bundle_hash)
 
     # ---- descriptions ------------------------------------------------------------------
     def _capacity(self, pool: str) -> dict[str, Any]:
-        healthy = len(self.gateway.health.healthy(pool))
+        healthy = len(self.health.healthy(pool))
         return {"state": "ready" if healthy else "provisioning", "healthy_workers": healthy}
 
     def describe_lease(self, lease: PoolLease) -> dict[str, Any]:
@@ -126,7 +136,7 @@ class GatewayPools:
     async def create(self, request: Request) -> Response:
         body, _ = await read_body(request)
         spec = PoolSpec.from_wire(body)
-        registry = self.gateway.registry
+        registry = self.registry
         if not registry.loaded:
             raise HeronError(ErrorCode.NOT_READY, "the model registry is not loaded yet",
                              retry_after_s=1.0)
@@ -140,13 +150,12 @@ class GatewayPools:
                              f"{spec.name!r} is a static pool of this gateway")
         if self.mirror.get(spec.name) is not None:
             raise HeronError(ErrorCode.POOL_CONFLICT, f"pool {spec.name!r} already exists")
-        js = self._js()
+        js = self._jetstream()
         lease = PoolLease.new(spec)
         async with self._nats_errors():
             # The stream first: workers and requests may follow the lease at once.
-            await ensure_work_stream(js, self.gateway.settings.stream_spec(spec.name))
-            revision = await PoolStore(js, self.gateway.settings.publish_timeout_s
-                                       ).create(lease)
+            await ensure_work_stream(js, self.settings.stream_spec(spec.name))
+            revision = await PoolStore(js, self.settings.publish_timeout_s).create(lease)
         self.mirror.apply(spec.name, lease, revision)
         log.info("leased pool %s created: bundle %s, %d workers, ttl %gs", spec.name,
                  spec.bundle, spec.workers, spec.ttl_s)
@@ -155,12 +164,12 @@ class GatewayPools:
     async def list_pools(self, request: Request) -> Response:
         data = [self.describe_lease(lease) for _, lease in sorted(self.leased().items())]
         data += [self.describe_static(name, bundle)
-                 for name, bundle in sorted(self.gateway.registry.pools().items())]
+                 for name, bundle in sorted(self.registry.pools().items())]
         return respond(request, {"object": "list", "data": data})
 
     async def get_pool(self, request: Request) -> Response:
         name = request.path_params["name"]
-        static = self.gateway.registry.pools().get(name)
+        static = self.registry.pools().get(name)
         if static is not None:
             return respond(request, self.describe_static(name, static))
         return respond(request, self.describe_lease(self._lease(name)))
@@ -168,7 +177,7 @@ class GatewayPools:
     async def delete_pool(self, request: Request) -> Response:
         name = self._leased_name(request)
         async with self._nats_errors():
-            revision = await PoolStore(self._js(), self.gateway.settings.publish_timeout_s
+            revision = await PoolStore(self._jetstream(), self.settings.publish_timeout_s
                                        ).delete(name)
         self.mirror.apply(name, None, revision)
         log.info("leased pool %s deleted", name)
@@ -182,7 +191,7 @@ class GatewayPools:
         renew_ttl(body, 1.0)  # a bad body is a 422 before anything is read or written
         async with self._nats_errors():
             lease, revision = await PoolStore(
-                self._js(), self.gateway.settings.publish_timeout_s
+                self._jetstream(), self.settings.publish_timeout_s
             ).renew(name, lambda current: renew_ttl(body, current.ttl_s))
         self.mirror.apply(name, lease, revision)
         return respond(request, self.describe_lease(lease))
@@ -190,17 +199,10 @@ class GatewayPools:
     # ---- helpers -----------------------------------------------------------------------
     def _leased_name(self, request: Request) -> str:
         name = request.path_params["name"]
-        if name in self.gateway.registry.pools():
+        if name in self.registry.pools():
             raise HeronError(ErrorCode.POOL_CONFLICT, f"{name!r} is a static pool of this "
                              "gateway (its command line names it); only leases change")
         return name
-
-    def _js(self) -> JetStreamContext:
-        link = self.gateway.link
-        if not link.ready or link.js is None:
-            raise self.gateway.dispatcher.nats_unavailable("not connected to NATS; retry "
-                                                           "shortly")
-        return link.js
 
     @contextlib.asynccontextmanager
     async def _nats_errors(self) -> AsyncIterator[None]:
@@ -209,5 +211,5 @@ class GatewayPools:
             yield
         except (nats.errors.Error, TimeoutError) as exc:
             log.warning("pools write failed on NATS: %r", exc)
-            raise self.gateway.dispatcher.nats_unavailable(
+            raise self._nats_unavailable(
                 f"NATS did not complete the pools write: {type(exc).__name__}") from exc

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from heron.gateway.slicing import Slice
+from heron.runtime.protocol import WorkResult
 from heron_sdk.errors import ErrorCode, HeronError
 
 
@@ -60,13 +61,13 @@ class Reassembly:
     def done(self) -> bool:
         return self.error is not None or not self.missing
 
-    def add(self, message: Mapping[str, Any]) -> Added:
-        start, count = message.get("start"), message.get("count")
-        if not isinstance(start, int) or self.expected.get(start) != count:
+    def add(self, result: WorkResult) -> Added:
+        start, count = result.start, result.count
+        if self.expected.get(start) != count:
             return Added.UNEXPECTED
         if start in self.bodies or start in self.failed or self.done:
             return Added.DUPLICATE
-        error = message.get("error")
+        error = result.error
         if error is not None:
             failure = slice_error(error, start)
             if not (self.partial and failure.status >= 500):
@@ -77,17 +78,17 @@ class Reassembly:
                 self.error = next(iter(self.failed.values()))
                 return Added.FAILED
             return Added.COMPLETE if not self.missing else Added.ACCEPTED
-        body = message.get("body")
-        if not isinstance(body, Mapping):
+        body = result.body
+        if body is None:
             self.error = HeronError(ErrorCode.INTERNAL,
                                     f"a worker answered items {start}..{start + count - 1} "
                                     "with neither a body nor an error")
             return Added.FAILED
-        self.bodies[start] = dict(body)
+        self.bodies[start] = body  # the decoded result's own dict: nothing else holds it
         # Slices run in parallel: the request waited for the one that answered last. Its
         # phases are kept whole (per-phase maxima of different slices overlap in time).
         self.worker_timings = {phase: float(seconds) for phase, seconds
-                               in (message.get("timings") or {}).items()
+                               in (result.timings or {}).items()
                                if isinstance(seconds, int | float)}
         return Added.COMPLETE if not self.missing else Added.ACCEPTED
 

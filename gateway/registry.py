@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from heron.runtime.adapters import adapter_family
+from heron.runtime.front import model_description
 from heron.runtime.modelconfig import (
-    ADAPTER_OUTPUT_TYPES,
-    ADAPTER_TASKS,
     Bundle,
     ConfigError,
     ModelConfig,
@@ -39,11 +39,11 @@ class ModelRoute:
 
     @property
     def tasks(self) -> tuple[str, ...]:
-        return ADAPTER_TASKS[self.config.adapter]
+        return adapter_family(self.config.adapter).tasks
 
     @property
     def output_types(self) -> frozenset[str]:
-        return ADAPTER_OUTPUT_TYPES.get(self.config.adapter, frozenset())
+        return adapter_family(self.config.adapter).output_types
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,16 +164,5 @@ def check_encode_outputs(route: ModelRoute, req: EncodeRequest) -> None:
 
 
 def describe(route: ModelRoute, state: str) -> dict[str, Any]:
-    """A model as GET /v1/models shows it (the worker's shape, plus pool and bundle)."""
-    config = route.config
-    out: dict[str, Any] = {"id": config.id, "object": "model", "owned_by": "heron",
-                           "adapter": config.adapter, "aliases": list(config.aliases),
-                           "task": route.tasks[0], "tasks": list(route.tasks),
-                           "bundle": route.bundle, "pool": route.pool, "state": state}
-    if route.output_types:
-        out["output_types"] = sorted(route.output_types)
-    if config.profile.max_sequence_length is not None:
-        out["max_sequence_length"] = config.profile.max_sequence_length
-    if config.description:
-        out["description"] = config.description
-    return out
+    """A model as GET /v1/models shows it (every server's shape, with its pool and bundle)."""
+    return model_description(route.config, state=state, bundle=route.bundle, pool=route.pool)

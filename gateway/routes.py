@@ -1,11 +1,11 @@
-"""The gateway's HTTP routes: the worker's inference API, served by routing each request's
-work through its pool's JetStream stream (gateway/app.py builds and serves the app).
+"""The gateway: the inference API's remote backend (heron.runtime.front serves the HTTP side)
+and the gateway-only routes on top of it (gateway/app.py builds and serves the app).
 
-Per request: parse and validate exactly as a worker would (bad input never reaches NATS),
-resolve model -> bundle -> pool (or the pool named by X-Heron-Pool: gateway/pools.py, which
-also serves /v1/pools), answer 503 when NATS is away, 202 when the pool has no
-healthy worker (and publish demand), otherwise publish the work items, reassemble the
-results and answer in the client's format.
+Per call: the front parses and validates exactly as a worker would (bad input never reaches
+NATS); the backend resolves model -> bundle -> pool (or the pool named by X-Heron-Pool:
+gateway/pools.py, which also serves /v1/pools), answers 503 when NATS is away, 202 when the
+pool has no healthy worker (and publishes demand), otherwise publishes the work items and
+reassembles the results.
 """
 
 from __future__ import annotations
@@ -16,54 +16,49 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-from heron.gateway.auth import ApiKeyMiddleware, api_keys_from_env
 from heron.gateway.configs import ConfigServiceSource, GatewayConfigSync, model_status
 from heron.gateway.demand import DemandTracker
 from heron.gateway.dispatcher import Dispatcher, WorkRequest
 from heron.gateway.health import WorkerHealth
 from heron.gateway.metrics import GatewayMetrics, gateway_phases
-from heron.gateway.nats_link import NatsLink
 from heron.gateway.pools import GatewayPools
 from heron.gateway.reassembly import Reassembly, merge_items, merge_scores
 from heron.gateway.registry import ModelRoute, RouteTable, check_encode_outputs, describe
 from heron.gateway.settings import GatewaySettings
 from heron.gateway.status_page import ClusterStatusPage
+from heron.runtime import api_types as api
 from heron.runtime import telemetry
-from heron.runtime.http import (
-    CLIENT_CLOSED_STATUS,
-    EXCEPTION_HANDLERS,
-    ClientDisconnected,
-    RequestScope,
-    note_route,
-    read_body,
-    respond,
-    server_timing,
-    unless_disconnected,
+from heron.runtime.front import (
+    Answer,
+    InferenceCall,
+    Provisioning,
+    Readiness,
+    build_inference_app,
 )
+from heron.runtime.http import note_route, respond
 from heron.runtime.logs import current_request
+from heron.runtime.nats_link import NatsLink
 from heron.runtime.nats_names import (
     STATUS_WILDCARD,
-    demand_message,
     demand_subject,
     ensure_dlq_stream,
     ensure_work_stream,
     inbox_prefix,
     token,
 )
-from heron.runtime.openai_compat import embeddings_response, parse_embeddings_request
+from heron.runtime.openapi import ApiOperation
+from heron.runtime.protocol import DemandNotice
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.ids import new_request_id
@@ -71,51 +66,64 @@ from heron_sdk.types import EncodeRequest, ExtractRequest, Item, RequestOptions,
 
 log = logging.getLogger("heron.gateway")
 
-
-@dataclass(slots=True)
-class Answer:
-    body: dict[str, Any]
-    model_id: str
-    timings: dict[str, float]
-
-
-class Provisioning(Exception):
-    """No healthy worker for the pool: answered 202 with Retry-After, not an error."""
-
-    def __init__(self, pool: str, bundle: str, estimated_wait_s: float,
-                 retry_after_s: float) -> None:
-        super().__init__(f"pool {pool} is provisioning")
-        self.body = {"status": "provisioning", "pool": pool, "bundle": bundle,
-                     "estimated_wait_s": estimated_wait_s}
-        self.retry_after_s = retry_after_s
+# The gateway's own routes, as its OpenAPI document describes them (the inference API's are
+# heron.runtime.front.INFERENCE_OPERATIONS).
+_POOL_ERRORS = api.error_statuses(409, 503)
+GATEWAY_OPERATIONS: tuple[ApiOperation, ...] = (
+    ApiOperation("POST", "/v1/pools", "createPool", "Lease a pool of workers for a bundle",
+                 "pools", request=api.PoolCreateBody,
+                 responses={201: api.PoolView, **_POOL_ERRORS}, auth=True),
+    ApiOperation("GET", "/v1/pools", "listPools", "Every pool, static and leased", "pools",
+                 responses={200: api.PoolList}, auth=True),
+    ApiOperation("GET", "/v1/pools/{name}", "getPool", "One pool and its capacity", "pools",
+                 responses={200: api.PoolView}, auth=True),
+    ApiOperation("DELETE", "/v1/pools/{name}", "deletePool", "End a pool's lease", "pools",
+                 responses={200: api.PoolDeleted, **_POOL_ERRORS}, auth=True),
+    ApiOperation("POST", "/v1/pools/{name}/renew", "renewPool", "Extend a pool's lease",
+                 "pools", request=api.PoolRenewBody, request_required=False,
+                 responses={200: api.PoolView, **_POOL_ERRORS}, auth=True),
+    ApiOperation("GET", "/v1/configs/models/{model}/status", "getModelConfigStatus",
+                 "Which workers of the model's pool applied its config", "configs",
+                 auth=True),
+)
 
 
 class GatewayApp:
+    """The remote backend: its NATS link, pools, worker health and demand, and the app."""
+
+    telemetry_scope = telemetry.GATEWAY
+    log = log
+
     def __init__(self, nats_url: str, registry: RouteTable, *,
                  settings: GatewaySettings | None = None, gateway_id: str | None = None,
                  config_url: str | None = None) -> None:
         self.settings = settings or GatewaySettings()
         self.gateway_id = token(gateway_id or default_gateway_id())
         self.registry = registry
+        self.metrics = GatewayMetrics()
+        self.health = WorkerHealth(self.settings.heartbeat_timeout_s)
+        self.demand = DemandTracker(self.settings.demand_window_s,
+                                    self.settings.demand_publish_interval_s)
         # With a config service the registry fills from its snapshot (gateway/configs.py).
         self.config_sync: GatewayConfigSync | None = None
         if config_url is not None:
             source = ConfigServiceSource(registry.pool_names())
             registry.source = source
-            self.config_sync = GatewayConfigSync(self, config_url, source)
+            self.config_sync = GatewayConfigSync(config_url, source, registry, self.health,
+                                                 declare_streams=self._declare_if_connected)
         elif not registry.loaded:
             registry.load()
-        self.metrics = GatewayMetrics()
-        self.health = WorkerHealth(self.settings.heartbeat_timeout_s)
-        self.demand = DemandTracker(self.settings.demand_window_s,
-                                    self.settings.demand_publish_interval_s)
         for pool, bundle in registry.pools().items():
             self.health.expect(pool, bundle, registry.bundle_hash(pool))
         self.link = NatsLink(nats_url, name=f"heron-gateway-{self.gateway_id}",
                              setup=self._set_up_nats, on_reconnect=self._after_reconnect,
                              connect_timeout_s=self.settings.connect_timeout_s)
         self.dispatcher = Dispatcher(self.link, self.gateway_id, self.settings, self.metrics)
-        self.pools = GatewayPools(self)  # leased pools (NATS KV) and X-Heron-Pool routing
+        # Leased pools (NATS KV) and X-Heron-Pool routing.
+        self.pools = GatewayPools(registry, self.health, self.settings,
+                                  jetstream=self._jetstream,
+                                  nats_unavailable=self.dispatcher.nats_unavailable,
+                                  on_pool_ended=self._forget_pool)
         self._subscribed = False
         self._status_since = 0.0
 
@@ -124,6 +132,24 @@ class GatewayApp:
         for pool in self.pools.all_pools():
             await ensure_work_stream(js, self.settings.stream_spec(pool))
         await ensure_dlq_stream(js, self.settings.stream_file_storage)
+
+    async def _declare_if_connected(self) -> None:
+        """New pools' streams after a config change; a reconnect declares them anyway."""
+        link = self.link
+        if link.ready and link.nc is not None and link.js is not None:
+            await self.declare_streams(link.nc, link.js)
+
+    def _jetstream(self) -> JetStreamContext:
+        """JetStream for a pools write, or 503 NATS_UNAVAILABLE while NATS is away."""
+        if not self.link.ready or self.link.js is None:
+            raise self.dispatcher.nats_unavailable("not connected to NATS; retry shortly")
+        return self.link.js
+
+    def _forget_pool(self, pool: str) -> None:
+        """A leased pool ended: no more demand, metrics or health for it."""
+        self.demand.forget(pool)
+        self.metrics.forget_pool(pool)
+        self.health.forget(pool)
 
     async def _after_reconnect(self, nc: NatsClient, js: JetStreamContext) -> None:
         # Heartbeats went stale while NATS was away: give workers the start-up grace to
@@ -165,53 +191,17 @@ class GatewayApp:
             await self.link.close()
 
     # ---- the request path ------------------------------------------------------------------
-    async def _inference(self, request: Request, route_name: str,
-                         handle: Callable[[Any], Awaitable[Answer]], *,
-                         json_only: bool = False, read: bool = True) -> Response:
-        started = time.monotonic()
-        status, label = 500, request.path_params.get("model", "_unknown")
-        scope = RequestScope(request, telemetry.GATEWAY, route_name, log)
-        try:
-            body, fmt = await read_body(request) if read else (None, None)
-            # A client that disconnects stops the wait: its items stop counting against the
-            # pool's backlog at once (workers drop them when their deadline passes).
-            answer = await unless_disconnected(request, handle(body))
-            status, label = 200, answer.model_id
-            headers = self._headers(scope.request_id, answer, started)
-            if json_only:  # OpenAI clients speak JSON only, whatever they send in Accept
-                return Response(wire.encode(answer.body, wire.JSON), media_type=wire.JSON,
-                                headers=headers)
-            return respond(request, answer.body, request_fmt=fmt, headers=headers)
-        except Provisioning as wait:
-            status = 202
-            headers = {"Retry-After": str(max(1, round(wait.retry_after_s))),
-                       "X-Request-Id": scope.request_id}
-            return respond(request, wait.body, status=202, headers=headers)
-        except HeronError as exc:
-            status = exc.status
-            raise
-        except ClientDisconnected:
-            status = CLIENT_CLOSED_STATUS
-            return Response(status_code=CLIENT_CLOSED_STATUS)
-        finally:
-            # Labels use model ids; unknown names must not mint new label values.
-            model = self.registry.canonical_id(label) or "_unknown"
-            self.metrics.requests.labels(route_name, model, str(status)).inc()
-            self.metrics.latency.labels(route_name, model).observe(time.monotonic() - started)
-            scope.finish(status, None if model == "_unknown" else model)
-
-    def _headers(self, request_id: str, answer: Answer, started: float) -> dict[str, str]:
-        """Server-Timing: the gateway's phases, the last-answered slice's worker phases, and the
-        gateway's total; each phase also goes to heron_gateway_phase_duration_seconds."""
-        phases = gateway_phases(answer.timings)
+    def _answer(self, body: dict[str, Any], route: ModelRoute, done: Reassembly) -> Answer:
+        """The gateway's phases and the last-answered slice's worker phases (Server-Timing);
+        each also goes to heron_gateway_phase_duration_seconds."""
+        phases = gateway_phases(done.timings)
         for phase, seconds in phases.items():
-            self.metrics.phase.labels(phase, answer.model_id).observe(seconds)
-        phases["total"] = time.monotonic() - started
-        return {"Server-Timing": server_timing(phases), "X-Request-Id": request_id}
+            self.metrics.phase.labels(phase, route.model_id).observe(seconds)
+        return Answer(body, route.model_id, phases)
 
-    def _route(self, request: Request, model: str, task: str) -> ModelRoute:
+    def _route(self, call: InferenceCall, model: str, task: str) -> ModelRoute:
         """model -> bundle -> pool, or the pool the request names in X-Heron-Pool."""
-        return self.pools.route(request, self.registry.route_for(model, task))
+        return self.pools.route(call.headers, self.registry.route_for(model, task))
 
     async def _dispatch(self, route: ModelRoute, task: str, wire_body: dict[str, Any],
                         items: list[Item], options: RequestOptions,
@@ -240,7 +230,7 @@ class GatewayApp:
         if self.demand.record(pool) and self.link.nc is not None:
             try:
                 await self.link.nc.publish(demand_subject(pool), wire.encode(
-                    demand_message(pool, route.bundle), wire.MSGPACK))
+                    DemandNotice(pool, route.bundle).to_wire(), wire.MSGPACK))
             except Exception as exc:  # demand is a hint; the 202 stands regardless
                 log.warning("publishing demand for pool %s failed: %r", pool, exc)
         self.metrics.pending_demand.labels(pool).set(self.demand.pending(pool))
@@ -248,133 +238,107 @@ class GatewayApp:
             pool, s.provisioning_estimate_s, s.provisioning_retry_after_s),
             s.provisioning_retry_after_s)
 
-    # ---- inference routes ------------------------------------------------------------------
-    async def encode(self, request: Request) -> Response:
-        async def handle(body: Any) -> Answer:
-            req = EncodeRequest.from_wire(body)
-            route = self._route(request, request.path_params["model"], "encode")
-            check_encode_outputs(route, req)
-            done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options,
-                                        partial=True)
-            return Answer(merge_items(route.model_id, done.parts(), done.expected,
-                                      done.failures()), route.model_id, done.timings)
+    # ---- the inference backend -------------------------------------------------------------
+    async def encode(self, model: str, req: EncodeRequest, call: InferenceCall) -> Answer:
+        route = self._route(call, model, "encode")
+        check_encode_outputs(route, req)
+        # All or nothing (OpenAI embeddings): any failed slice fails the call.
+        partial = not call.all_or_nothing
+        done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options,
+                                    partial=partial)
+        failures = done.failures() if partial else ()
+        return self._answer(merge_items(route.model_id, done.parts(), done.expected,
+                                        failures), route, done)
 
-        return await self._inference(request, "encode", handle)
+    async def score(self, model: str, req: ScoreRequest, call: InferenceCall) -> Answer:
+        route = self._route(call, model, "score")
+        wire_body = req.to_wire()
+        wire_body.pop("top_k", None)  # slices rank all their items; top_k applies here
+        done = await self._dispatch(route, "score", wire_body, req.items, req.options,
+                                    shared_text=req.query)
+        return self._answer(merge_scores(route.model_id, done.parts(), done.expected,
+                                         req.top_k), route, done)
 
-    async def score(self, request: Request) -> Response:
-        async def handle(body: Any) -> Answer:
-            req = ScoreRequest.from_wire(body)
-            route = self._route(request, request.path_params["model"], "score")
-            wire_body = req.to_wire()
-            wire_body.pop("top_k", None)  # slices rank all their items; top_k applies here
-            done = await self._dispatch(route, "score", wire_body, req.items, req.options,
-                                        shared_text=req.query)
-            return Answer(merge_scores(route.model_id, done.parts(), done.expected, req.top_k),
-                          route.model_id, done.timings)
+    async def extract(self, model: str, req: ExtractRequest, call: InferenceCall) -> Answer:
+        route = self._route(call, model, "extract")
+        done = await self._dispatch(route, "extract", req.to_wire(), req.items, req.options,
+                                    partial=True)
+        return self._answer(merge_items(route.model_id, done.parts(), done.expected,
+                                        done.failures()), route, done)
 
-        return await self._inference(request, "score", handle)
-
-    async def extract(self, request: Request) -> Response:
-        async def handle(body: Any) -> Answer:
-            req = ExtractRequest.from_wire(body)
-            route = self._route(request, request.path_params["model"], "extract")
-            done = await self._dispatch(route, "extract", req.to_wire(), req.items,
-                                        req.options, partial=True)
-            return Answer(merge_items(route.model_id, done.parts(), done.expected,
-                                      done.failures()), route.model_id, done.timings)
-
-        return await self._inference(request, "extract", handle)
-
-    async def embeddings(self, request: Request) -> Response:
-        async def handle(body: Any) -> Answer:
-            model, texts, encoding, dims = parse_embeddings_request(body)
-            route = self._route(request, model, "encode")
-            req = EncodeRequest(items=[Item(t) for t in texts], dims=dims)
-            check_encode_outputs(route, req)
-            done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options)
-            merged = merge_items(route.model_id, done.parts(), done.expected)
-            vectors = [row["dense"] for row in merged["items"]]
-            return Answer(embeddings_response(route.model_id, vectors,
-                                              merged["usage"]["tokens"], encoding),
-                          route.model_id, done.timings)
-
-        return await self._inference(request, "embeddings", handle, json_only=True)
-
-    # ---- models, health, metrics -----------------------------------------------------------
-    def _describe(self, route: ModelRoute) -> dict[str, Any]:
-        return describe(route, self.health.model_state(route.pool, route.model_id))
-
-    async def list_models(self, request: Request) -> Response:
-        data = [self._describe(r) for r in self.registry.models()]
-        return respond(request, {"object": "list", "data": data})
-
-    async def get_model(self, request: Request) -> Response:
-        return respond(request, self._describe(self.registry.resolve(
-            request.path_params["model"])))
-
-    async def provision(self, request: Request) -> Response:
+    async def provision(self, model: str, call: InferenceCall) -> Answer:
         """Is there capacity for the model in its pool (or X-Heron-Pool's)? 200 when a
         healthy worker has it ready, 503 MODEL_LOADING while the pool's workers have not,
         else the 202 of an inference request (demand published). Nothing is queued."""
-        async def handle(_: Any) -> Answer:
-            route = self.pools.route(request, self.registry.resolve(
-                request.path_params["model"]))
-            if not self.link.ready:
-                raise self.dispatcher.nats_unavailable("not connected to NATS; retry shortly")
-            await self._require_capacity(route)
-            healthy = self.health.healthy(route.pool)
-            state = self.health.model_state(route.pool, route.model_id)
-            if state != "ready":
-                raise HeronError(ErrorCode.MODEL_LOADING, f"model {route.model_id} is "
-                                 f"{state} on the {len(healthy)} healthy workers of pool "
-                                 f"{route.pool}", retry_after_s=self.settings
-                                 .provisioning_retry_after_s)
-            return Answer({"model": route.model_id, "pool": route.pool, "state": "ready",
-                           "healthy_workers": len(healthy)}, route.model_id, {})
+        route = self.pools.route(call.headers, self.registry.resolve(model))
+        if not self.link.ready:
+            raise self.dispatcher.nats_unavailable("not connected to NATS; retry shortly")
+        await self._require_capacity(route)
+        healthy = self.health.healthy(route.pool)
+        state = self.health.model_state(route.pool, route.model_id)
+        if state != "ready":
+            raise HeronError(ErrorCode.MODEL_LOADING, f"model {route.model_id} is {state} on "
+                             f"the {len(healthy)} healthy workers of pool {route.pool}",
+                             retry_after_s=self.settings.provisioning_retry_after_s)
+        return Answer({"model": route.model_id, "pool": route.pool, "state": "ready",
+                       "healthy_workers": len(healthy)}, route.model_id, {})
 
-        return await self._inference(request, "provision", handle, read=False)
+    def _describe(self, route: ModelRoute) -> dict[str, Any]:
+        return describe(route, self.health.model_state(route.pool, route.model_id))
 
-    async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+    def models(self) -> list[dict[str, Any]]:
+        return [self._describe(r) for r in self.registry.models()]
 
-    async def readyz(self, request: Request) -> Response:
-        ready = self.link.ready and self.registry.loaded
+    def model(self, name: str) -> dict[str, Any]:
+        return self._describe(self.registry.resolve(name))
+
+    def readiness(self) -> Readiness:
+        link, loaded = self.link, self.registry.loaded
+        status = ("ready" if link.ready and loaded else
+                  "disconnected" if not link.connected else "loading")
         leased = self.pools.leased()
         pools = {pool: {"bundle": bundle, "kind": "lease" if pool in leased else "static",
                         "healthy_workers": len(self.health.healthy(pool)),
                         "outstanding_items": self.dispatcher.outstanding(pool)}
                  for pool, bundle in self.pools.all_pools().items()}
-        body: dict[str, Any] = {"status": "ready" if ready else "not_ready",
-                                "nats_connected": self.link.connected,
-                                "registry_loaded": self.registry.loaded,
-                                "gateway_id": self.gateway_id, "pools": pools}
-        if self.link.last_error:
-            body["error"] = self.link.last_error
-        return JSONResponse(body, status_code=200 if ready else 503,
-                            headers=None if ready else {"Retry-After": "2"})
+        models = {r.model_id: self.health.model_state(r.pool, r.model_id)
+                  for r in self.registry.models()}
+        details: dict[str, Any] = {"registry_loaded": loaded, "gateway_id": self.gateway_id,
+                                   "pools": pools}
+        if link.last_error:
+            details["error"] = link.last_error
+        return Readiness(status, models, link.connected, details)
 
-    async def metrics_endpoint(self, request: Request) -> Response:
+    def canonical_id(self, name: str) -> str | None:
+        return self.registry.canonical_id(name)
+
+    def observe_request(self, route: str, model: str, status: int, seconds: float) -> None:
+        self.metrics.requests.labels(route, model, str(status)).inc()
+        self.metrics.latency.labels(route, model).observe(seconds)
+
+    def metrics_text(self) -> bytes:
         for pool in {*self.pools.all_pools(), *self.demand.pools()}:
             self.metrics.pending_demand.labels(pool).set(self.demand.pending(pool))
             self.metrics.healthy_workers.labels(pool).set(len(self.health.healthy(pool)))
         self.metrics.nats_connected.set(1 if self.link.connected else 0)
         if self.config_sync is not None and self.config_sync.epoch >= 0:
             self.metrics.config_epoch.set(self.config_sync.epoch)
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+        return self.metrics.render()
 
+    # ---- gateway-only routes ---------------------------------------------------------------
     async def config_status(self, request: Request) -> Response:
-        return await model_status(self, request)
+        sync = self.config_sync
+        return respond(request, model_status(self.registry, self.health,
+                                             request.path_params["model"],
+                                             sync.epoch if sync else None))
 
     def build(self) -> Starlette:
+        page = ClusterStatusPage(
+            self.gateway_id, self.health, self.registry, self.pools,
+            outstanding=self.dispatcher.outstanding, pending_demand=self.demand.pending,
+            nats_connected=lambda: self.link.connected,
+            ready=lambda: self.link.ready and self.registry.loaded)
         routes = [
-            Route("/v1/encode/{model:path}", self.encode, methods=["POST"]),
-            Route("/v1/score/{model:path}", self.score, methods=["POST"]),
-            Route("/v1/extract/{model:path}", self.extract, methods=["POST"]),
-            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
-            Route("/v1/models", self.list_models, methods=["GET"]),
-            # Before /v1/models/{model:path}, whose path would swallow "/provision".
-            Route("/v1/models/{model:path}/provision", self.provision, methods=["POST"]),
-            Route("/v1/models/{model:path}", self.get_model, methods=["GET"]),
             Route("/v1/pools", self.pools.create, methods=["POST"]),
             Route("/v1/pools", self.pools.list_pools, methods=["GET"]),
             Route("/v1/pools/{name}", self.pools.get_pool, methods=["GET"]),
@@ -382,14 +346,10 @@ class GatewayApp:
             Route("/v1/pools/{name}/renew", self.pools.renew_pool, methods=["POST"]),
             Route("/v1/configs/models/{model:path}/status", self.config_status,
                   methods=["GET"]),
-            Route("/healthz", self.healthz, methods=["GET"]),
-            Route("/readyz", self.readyz, methods=["GET"]),
-            Route("/metrics", self.metrics_endpoint, methods=["GET"]),
-            *ClusterStatusPage(self).routes(),  # the live cluster page: / and its WebSocket
+            *page.routes(),  # the live cluster page: / and its WebSocket
         ]
-        app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS,
-                        lifespan=self.lifespan,
-                        middleware=[Middleware(ApiKeyMiddleware, keys=api_keys_from_env())])
+        app = build_inference_app(self, title="Heron gateway", lifespan=self.lifespan,
+                                  extra_routes=routes, extra_operations=GATEWAY_OPERATIONS)
         app.state.gateway = self  # tests and `heron up` reach the live object through here
         return app
 

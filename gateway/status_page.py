@@ -15,19 +15,19 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from heron.gateway.health import THROUGHPUT_WINDOW_S, WorkerBeat
+from heron.gateway.health import THROUGHPUT_WINDOW_S, WorkerBeat, WorkerHealth
+from heron.gateway.pools import GatewayPools
+from heron.gateway.registry import RouteTable
 from heron_sdk import wire
-
-if TYPE_CHECKING:
-    from heron.gateway.routes import GatewayApp
 
 log = logging.getLogger("heron.gateway.status_page")
 
@@ -59,10 +59,22 @@ SECURITY_HEADERS = {
 
 
 class ClusterStatusPage:
-    """Builds cluster snapshots from a live GatewayApp and serves the page and its feed."""
+    """Builds cluster snapshots from what the gateway tracks and serves the page and its
+    feed: ``outstanding`` and ``pending_demand`` give a pool's backlog and recent 202s,
+    ``nats_connected`` and ``ready`` the gateway's NATS link and /readyz verdict."""
 
-    def __init__(self, gateway: GatewayApp) -> None:
-        self.gateway = gateway
+    def __init__(self, gateway_id: str, health: WorkerHealth, registry: RouteTable,
+                 pools: GatewayPools, *, outstanding: Callable[[str], int],
+                 pending_demand: Callable[[str], int], nats_connected: Callable[[], bool],
+                 ready: Callable[[], bool]) -> None:
+        self.gateway_id = gateway_id
+        self.health = health
+        self.registry = registry
+        self.pools = pools
+        self._outstanding = outstanding
+        self._pending_demand = pending_demand
+        self._nats_connected = nats_connected
+        self._ready = ready
         self.clients = 0
         self._files = {name: (STATIC_DIR / name).read_bytes() for name in (PAGE, *ASSETS)}
         self._cached: tuple[float, str] | None = None  # (monotonic time, encoded snapshot)
@@ -76,17 +88,16 @@ class ClusterStatusPage:
     def snapshot(self) -> dict[str, Any]:
         """The cluster as this gateway sees it now (the WebSocket message; the format is in
         docs/gateway.md, "Cluster page")."""
-        g = self.gateway
-        health = g.health
+        health = self.health
         now = health.clock()
         beats = [b for b in health.workers() if now - b.received <= GONE_SHOWN_S]
         rates = {b.worker_id: health.throughput(b) for b in beats}
         workers = [self._worker(b, now, rates[b.worker_id].items_per_s,
                                 rates[b.worker_id].model_items_per_s)
                    for b in sorted(beats, key=lambda b: (b.pool, b.worker_id))]
-        leased = g.pools.leased()
+        leased = self.pools.leased()
         pools = []
-        for name, bundle in sorted(g.pools.all_pools().items()):
+        for name, bundle in sorted(self.pools.all_pools().items()):
             expected = health.expected(name)
             members = [w for w in workers if w["pool"] == name]
             pools.append({
@@ -95,12 +106,12 @@ class ClusterStatusPage:
                 "bundle_hash": expected[1] if expected else "",
                 "workers": sum(w["state"] != "gone" for w in members),
                 "healthy_workers": sum(w["state"] == "ready" for w in members),
-                "outstanding_items": g.dispatcher.outstanding(name),
-                "pending_demand": g.demand.pending(name),
+                "outstanding_items": self._outstanding(name),
+                "pending_demand": self._pending_demand(name),
                 "throughput_items_per_s": round(sum(w["throughput_items_per_s"]
                                                     for w in members), 2)})
         models = []
-        for route in g.registry.models():
+        for route in self.registry.models():
             model_id = route.model_id
             models.append({
                 "id": model_id, "aliases": list(route.config.aliases),
@@ -112,17 +123,17 @@ class ClusterStatusPage:
                 "throughput_items_per_s": round(sum(
                     r.model_items_per_s.get(model_id, 0.0) for r in rates.values()), 2)})
         return {"type": "cluster_status", "version": SNAPSHOT_VERSION, "ts": time.time(),
-                "gateway_id": g.gateway_id, "nats_connected": g.link.connected,
-                "ready": g.link.ready and g.registry.loaded,
+                "gateway_id": self.gateway_id, "nats_connected": self._nats_connected(),
+                "ready": self._ready(),
                 "heartbeat_timeout_s": health.timeout_s,
                 "throughput_window_s": THROUGHPUT_WINDOW_S,
                 "pools": pools, "workers": workers, "models": models}
 
     def _worker(self, beat: WorkerBeat, now: float, items_per_s: float,
                 model_items_per_s: dict[str, float]) -> dict[str, Any]:
-        expected = self.gateway.health.expected(beat.pool)
-        healthy = self.gateway.health.is_healthy(beat)
-        fresh = now - beat.received < self.gateway.health.timeout_s
+        expected = self.health.expected(beat.pool)
+        healthy = self.health.is_healthy(beat)
+        fresh = now - beat.received < self.health.timeout_s
         return {
             "worker_id": beat.worker_id, "pool": beat.pool, "bundle": beat.bundle,
             "bundle_hash": beat.bundle_hash,
@@ -140,7 +151,7 @@ class ClusterStatusPage:
         }
 
     def encoded_snapshot(self) -> str:
-        now = self.gateway.health.clock()  # the clock the snapshot's ages are measured on
+        now = self.health.clock()  # the clock the snapshot's ages are measured on
         if self._cached is None or now - self._cached[0] > SNAPSHOT_MAX_AGE_S:
             self._cached = (now, wire.encode(self.snapshot(), wire.JSON).decode())
         return self._cached[1]

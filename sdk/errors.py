@@ -163,3 +163,9 @@ def error_for_status(status: int, code: str, message: str, *, field: str | None 
         cls = ServerError
     return cls(code or ErrorCode.INTERNAL, message, field=field, retry_after_s=retry_after_s,
                status=status)
+
+
+class ProtocolError(ValueError):
+    """A message between Heron's processes (a work item's headers, a result, a heartbeat,
+    a pool lease, ...) that does not have its documented shape. Internal: never sent to a
+    client; the reader drops the message and logs why (heron.runtime.protocol)."""

@@ -16,7 +16,8 @@ from typing import Any
 
 import orjson
 
-from heron_sdk.errors import invalid_field
+from heron_sdk.errors import ProtocolError, invalid_field
+from heron_sdk.types import integral
 
 POOL_HEADER = "X-Heron-Pool"
 
@@ -30,7 +31,8 @@ MAX_POOL_WORKERS = 64
 
 
 def check_pool_name(name: object, field: str = "name") -> str:
-    if not isinstance(name, str) or not POOL_NAME_RE.match(name):
+    # fullmatch: a bare "$" also matches before a trailing newline ("team-a\n").
+    if not isinstance(name, str) or not POOL_NAME_RE.fullmatch(name):
         raise invalid_field(field, "must be 1-63 characters of a-z, 0-9, '-' and '_', "
                             "starting and ending with a letter or digit")
     return name
@@ -64,7 +66,7 @@ class PoolSpec:
         bundle = body.get("bundle")
         if not isinstance(bundle, str) or not bundle:
             raise invalid_field("bundle", "must be a bundle name")
-        workers = body.get("workers", 1)
+        workers = integral(body.get("workers", 1))  # 2.0 is 2, as JSON Schema reads it
         if isinstance(workers, bool) or not isinstance(workers, int):
             raise invalid_field("workers", "must be an integer")
         if not 0 <= workers <= MAX_POOL_WORKERS:
@@ -111,17 +113,39 @@ class PoolLease:
         return (time.time() if now is None else now) >= self.expires_at
 
     def to_kv(self) -> bytes:
+        """The value stored under the pool's name in ``heron_pools``: JSON of the six
+        fields, in field order."""
         return orjson.dumps(asdict(self))
 
     @classmethod
     def from_kv(cls, data: bytes) -> PoolLease:
-        raw = orjson.loads(data)
-        return cls(name=str(raw["name"]), bundle=str(raw["bundle"]),
-                   workers=int(raw["workers"]), ttl_s=float(raw["ttl_s"]),
-                   created_at=float(raw["created_at"]), renewed_at=float(raw["renewed_at"]))
+        """Read a stored value; ProtocolError when it is not JSON of a lease."""
+        try:
+            raw = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise ProtocolError(f"a pool lease is not JSON: {exc}") from None
+        return cls.from_wire(raw)
+
+    @classmethod
+    def from_wire(cls, data: Any) -> PoolLease:
+        """A lease from its dict form: the stored value, or the pools API's view (whose
+        extra keys, ``kind`` and ``expires_*``, are derived and ignored here).
+        ProtocolError when a field is missing or of the wrong kind."""
+        if not isinstance(data, dict):
+            raise ProtocolError(f"a pool lease must be an object, not {type(data).__name__}")
+        try:
+            return cls(name=str(data["name"]), bundle=str(data["bundle"]),
+                       workers=int(data["workers"]), ttl_s=float(data["ttl_s"]),
+                       created_at=float(data["created_at"]),
+                       renewed_at=float(data["renewed_at"]))
+        except KeyError as exc:
+            raise ProtocolError(f"a pool lease has no {exc.args[0]!r}") from None
+        except (TypeError, ValueError, OverflowError) as exc:  # int(inf) overflows
+            raise ProtocolError(f"a pool lease has a malformed field: {exc}") from None
 
     def to_wire(self, now: float | None = None) -> dict[str, Any]:
-        """The lease as the pools API shows it (the gateway adds state and worker counts)."""
+        """The lease as the pools API shows it (the gateway adds state and worker counts):
+        the stored fields, plus ``kind``, ``expires_at`` and ``expires_in_s``."""
         now = time.time() if now is None else now
         return {**asdict(self), "kind": "lease", "expires_at": self.expires_at,
                 "expires_in_s": round(max(0.0, self.expires_at - now), 3)}

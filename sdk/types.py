@@ -26,6 +26,9 @@ ENCODINGS = ("float", "base64")
 MAX_ITEMS_PER_REQUEST = 2048
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_TEXT_CHARS = 1_000_000
+# Integer fields (priority, dims, top_k, dimensions) stay within int32: every wire form and
+# header carries them, and no real value comes near (a bigger one is a 422, not a 500).
+MAX_INTEGER = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +63,9 @@ def _parse_items(body: Mapping[str, Any], name: str = "items") -> list[Item]:
             text = entry.get("text")
             if not isinstance(text, str):
                 raise invalid_field(f"{name}[{i}].text", "is required and must be a string")
-            item_id = entry.get("id")
-            if item_id is not None and not isinstance(item_id, str | int):
+            item_id = integral(entry.get("id"))
+            if item_id is not None and (isinstance(item_id, bool)
+                                        or not isinstance(item_id, str | int)):
                 raise invalid_field(f"{name}[{i}].id", "must be a string or an integer")
             items.append(Item(check_text(text, f"{name}[{i}].text"),
                               None if item_id is None else str(item_id)))
@@ -86,8 +90,20 @@ def _opt(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], defa
     # bool is an int subclass; never accept it where a number is meant.
     if isinstance(value, bool) and kind is not bool:
         raise invalid_field(name, f"must be {_kind_name(kind)}")
+    if kind is int:
+        value = integral(value)
     if not isinstance(value, kind):
         raise invalid_field(name, f"must be {_kind_name(kind)}")
+    if kind is int and value > MAX_INTEGER:
+        raise invalid_field(name, f"must be at most {MAX_INTEGER}")
+    return value
+
+
+def integral(value: Any) -> Any:
+    """``2.0`` as ``2``: JSON has one number type, and JSON Schema's (so the OpenAPI
+    document's) integer is any number without a fraction. Anything else is returned as is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     return value
 
 

@@ -1,20 +1,27 @@
-"""WorkerCluster: a worker's life on NATS: connect, beat, consume, drain."""
+"""WorkerCluster: a worker's life on NATS: connect, beat, consume, drain.
+
+The connection is a NatsLink (heron/runtime/nats_link.py): it connects in the background
+(the worker loads its models meanwhile), then runs ``_set_up``: heartbeats, the config
+follower, and once the preloaded models are warm the pool's consumer. After a reconnect
+``_after_reconnect`` declares the pool's stream, its consumer and the dead-letter stream
+again, so a worker whose NATS came back without its store consumes again by itself.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-import nats
 import torch
-from nats.aio.client import Client as NATS
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
 
 from heron.runtime.configsync import ConfigFollower, Snapshot
 from heron.runtime.modelconfig import parse_model_config
-from heron.runtime.nats_names import WorkStreamSpec
+from heron.runtime.nats_link import NatsLink
+from heron.runtime.nats_names import WorkStreamSpec, ensure_dlq_stream, ensure_work_stream
 from heron.worker.consumer import WorkConsumer, fetch_lookahead_from_env
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.registry import ModelRegistry
@@ -27,13 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("heron.worker.cluster")
 
 
-async def connect_nats(url: str, name: str) -> NATS:
-    """Connect, and keep reconnecting forever: a NATS restart must not kill a worker."""
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1,
-                              reconnect_time_wait=0.5, connect_timeout=2,
-                              allow_reconnect=True)
-
-
 class WorkerCluster:
     def __init__(self, queue: QueueMode, registry: ModelRegistry,
                  service: InferenceService, metrics: WorkerMetrics | None = None) -> None:
@@ -41,45 +41,63 @@ class WorkerCluster:
         self.metrics = metrics
         self.registry = registry
         self.service = service
-        self.nc: NATS | None = None
+        self.spec = WorkStreamSpec(pool=queue.pool)
+        self.link = NatsLink(queue.nats_url, name=queue.worker_id, setup=self._set_up,
+                             on_reconnect=self._after_reconnect,
+                             logger_name="heron.worker.nats")
         self.consumer: WorkConsumer | None = None
         self.status: StatusPublisher | None = None
-        self._start_task: asyncio.Task | None = None
         self.follower: ConfigFollower | None = None
         self.config_epoch = -1
+        self._models_loaded: asyncio.Task[None] | None = None
         self.lookahead_items = fetch_lookahead_from_env(
             on_gpu=registry.device_override != "cpu" and torch.cuda.is_available())
 
     @property
     def connected(self) -> bool:
-        return self.nc is not None and self.nc.is_connected
+        return self.link.connected
 
-    async def start(self, models_loaded: asyncio.Task) -> None:
-        self._start_task = asyncio.get_running_loop().create_task(self._start(models_loaded))
+    @property
+    def consuming(self) -> bool:
+        """Connected and consuming the pool's work (the set-up finished)."""
+        return self.link.ready and self.consumer is not None
 
-    async def _start(self, models_loaded: asyncio.Task) -> None:
-        while self.nc is None:
-            try:
-                self.nc = await connect_nats(self.queue.nats_url, self.queue.worker_id)
-            except Exception as exc:  # NATS not up yet: keep trying, stay not-ready
-                log.warning("cannot reach NATS at %s: %s", self.queue.nats_url, exc)
-                await asyncio.sleep(1.0)
-        self.status = StatusPublisher(self.nc, pool=self.queue.pool,
-                                      worker_id=self.queue.worker_id, snapshot=self.snapshot)
-        await self.status.start()
-        if self.queue.config_url:
-            self.follower = ConfigFollower(self.queue.config_url,
-                                           bundle=self.registry.bundle.name,
-                                           on_change=self._on_config)
-            await self.follower.start(self.nc)
+    @property
+    def last_error(self) -> str | None:
+        """Why the worker is not connected or set up, if it is not (for /readyz)."""
+        return self.link.last_error
+
+    async def start(self, models_loaded: asyncio.Task[None]) -> None:
+        self._models_loaded = models_loaded
+        self.link.start()
+
+    async def _set_up(self, nc: NatsClient, js: JetStreamContext) -> None:
+        """Run again after a failure (NatsLink retries it): every step happens once."""
+        if self.status is None:
+            status = StatusPublisher(nc, pool=self.queue.pool, worker_id=self.queue.worker_id,
+                                     snapshot=self.snapshot)
+            await status.start()
+            self.status = status
+        if self.queue.config_url and self.follower is None:
+            follower = ConfigFollower(self.queue.config_url, bundle=self.registry.bundle.name,
+                                      on_change=self._on_config)
+            await follower.start(nc)
+            self.follower = follower
         # Consume only once the preloaded models are warm: every nak spends a delivery.
-        await asyncio.shield(models_loaded)
-        self.consumer = WorkConsumer(self.nc, self.service, WorkStreamSpec(pool=self.queue.pool),
-                                     lookahead_items=self.lookahead_items,
-                                     metrics=self.metrics)
-        await self.consumer.start()
-        self.registry.arrivals_open = self.consumer.can_fetch
+        assert self._models_loaded is not None
+        await asyncio.shield(self._models_loaded)
+        consumer = WorkConsumer(nc, self.service, self.spec,
+                                lookahead_items=self.lookahead_items, metrics=self.metrics)
+        await consumer.start()  # declares the stream and its consumer (StreamMismatch: retried)
+        self.consumer = consumer
+        self.registry.arrivals_open = consumer.can_fetch
         log.info("worker %s consuming pool %s", self.queue.worker_id, self.queue.pool)
+
+    async def _after_reconnect(self, nc: NatsClient, js: JetStreamContext) -> None:
+        # Idempotent when the stream survived (file store); recreates it when NATS lost it.
+        if self.consumer is not None:
+            await ensure_work_stream(js, self.spec)
+            await ensure_dlq_stream(js)
 
     def _on_config(self, snapshot: Snapshot) -> None:
         """A new epoch from the config service: serve what our bundle now lists."""
@@ -104,7 +122,7 @@ class WorkerCluster:
             "models": {e.config.id: e.state.value for e in entries},
             "queue_depth": sum(len(e.runner.batcher) for e in entries if e.runner),
             "in_flight": self.consumer.in_flight if self.consumer else 0,
-            "ready": self.registry.ready and self.consumer is not None and self.connected,
+            "ready": self.registry.ready and self.consuming,
             "address": self.queue.address,
             "items_done": sum(e.items_done for e in entries),
             "model_items": {e.config.id: e.items_done for e in entries if e.items_done},
@@ -112,18 +130,12 @@ class WorkerCluster:
         }
 
     async def stop(self) -> None:
-        if self._start_task is not None and not self._start_task.done():
-            self._start_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._start_task
+        await self.link.stop_tasks()  # stop connecting or setting up; the connection stays
         if self.follower is not None:
             await self.follower.stop()
         if self.status is not None:
             await self.status.stop()
         if self.consumer is not None:
             self.registry.arrivals_open = None
-            await self.consumer.drain()
-        if self.nc is not None:
-            with contextlib.suppress(Exception):
-                await self.nc.flush(timeout=2)
-            await self.nc.close()
+            await self.consumer.drain()  # finish and ack what it holds, over the connection
+        await self.link.close()

@@ -1,7 +1,8 @@
 """WorkConsumer: the worker's queue mode. Pulls work items from the pool's durable JetStream
 consumer and feeds them through the same InferenceService (and batcher) as the HTTP API.
 
-Delivery rules (see heron/runtime/nats_names.py for the names and the message format):
+Delivery rules (names in heron/runtime/nats_names.py; the messages, WorkItemHeaders in and
+WorkResult out, in heron/runtime/protocol.py):
 - ack only after the gateway confirmed the result (a request/reply on its inbox): a result
   lost in transit, e.g. while NATS restarts, means a nak and the item is computed again;
 - model not loaded yet, or its queue full: start the load and ``nak(delay)``;
@@ -9,7 +10,8 @@ Delivery rules (see heron/runtime/nats_names.py for the names and the message fo
   are never redelivered and a dead worker's come back within one ack wait;
 - the last allowed delivery that still cannot run goes to the dead-letter stream and the
   caller gets an error;
-- a deadline already passed: acked and answered with DEADLINE_EXCEEDED, never computed.
+- a deadline already passed: acked and answered with DEADLINE_EXCEEDED, never computed;
+- headers that cannot be read (no answer can be trusted to reach anyone): dead-lettered.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -31,15 +34,14 @@ from opentelemetry.trace import SpanKind
 from heron.runtime import telemetry
 from heron.runtime.logs import bind_request
 from heron.runtime.nats_names import (
-    Header,
     WorkStreamSpec,
     dlq_subject,
     ensure_dlq_stream,
     ensure_work_stream,
-    result_message,
     work_consumer,
     work_stream,
 )
+from heron.runtime.protocol import ProtocolError, WorkItemHeaders, WorkResult
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.service import InferenceService, Outcome
 from heron_sdk import wire
@@ -231,8 +233,16 @@ class WorkConsumer:
             return []
 
     def _dispatch(self, msg: Msg) -> None:
-        hold = _Hold(self, _item_count(msg))
-        task = asyncio.get_running_loop().create_task(self._handle(msg, hold))
+        work: Coroutine[Any, Any, None]
+        try:
+            item = WorkItemHeaders.from_wire(msg.headers)
+        except ProtocolError as exc:
+            hold = _Hold(self, 1)
+            work = self._dead_letter_malformed(msg, exc, hold)
+        else:
+            hold = _Hold(self, max(1, item.count))
+            work = self._handle(msg, item, hold)
+        task = asyncio.get_running_loop().create_task(work)
         self._in_flight.add(task)
         task.add_done_callback(self._done)
 
@@ -243,38 +253,35 @@ class WorkConsumer:
             log.error("work item handler failed: %r", task.exception())
 
     # ---- one work item -----------------------------------------------------------------
-    async def _handle(self, msg: Msg, hold: _Hold) -> None:
+    async def _handle(self, msg: Msg, item: WorkItemHeaders, hold: _Hold) -> None:
         """One work item, in a task of its own: its log lines carry the request's id (from
         the gateway's Heron-Request-Id), its spans join the gateway's trace (traceparent)."""
         received = time.monotonic()
-        headers = msg.headers or {}
-        request_id = headers.get(Header.REQUEST_ID, "")
-        bind_request(request_id, model=headers.get(Header.MODEL) or None, pool=self.spec.pool)
-        span = self._start_trace(msg, headers) if telemetry.enabled() else None
+        bind_request(item.request_id, model=item.model or None, pool=self.spec.pool)
+        span = self._start_trace(msg, item) if telemetry.enabled() else None
         if self.metrics is not None and msg.metadata is not None and \
                 (msg.metadata.num_delivered or 1) > 1:
             self.metrics.redeliveries.labels(self.spec.pool).inc()
         status = 500
         try:
-            status = await self._handle_item(msg, headers, received, hold)
+            status = await self._handle_item(msg, item, received, hold)
         finally:
             hold.release()
             level = logging.DEBUG if status < 500 else logging.WARNING
             if log.isEnabledFor(level):
                 elapsed_ms = round((time.monotonic() - received) * 1000, 2)
                 log.log(level, "work item (%s, %s items from %s): %s in %.2f ms",
-                        headers.get(Header.TASK, "?"), headers.get(Header.COUNT, "0"),
-                        headers.get(Header.START, "0"),
+                        item.task or "?", item.count, item.start,
                         _OUTCOMES.get(status) or f"answered with an error ({status})",
                         elapsed_ms, extra={"status": status, "duration_ms": elapsed_ms})
             telemetry.end_span(span, attributes={"heron.status": status},
                                error=f"status {status}" if status >= 500 else None)
 
-    def _start_trace(self, msg: Msg, headers: dict[str, str]) -> Any:
+    def _start_trace(self, msg: Msg, item: WorkItemHeaders) -> Any:
         """The item's spans: ``queue_wait`` (stored in the stream until now: the stream's
         clock against ours) and ``process`` (current until the item is answered), both
-        children of the gateway's publish span."""
-        parent = telemetry.extract(headers)
+        children of the gateway's publish span (the traceparent header)."""
+        parent = telemetry.extract(msg.headers or {})
         now = time.time_ns()
         if msg.metadata is not None and msg.metadata.timestamp is not None:
             stored = int(msg.metadata.timestamp.timestamp() * 1e9)
@@ -285,32 +292,26 @@ class WorkConsumer:
         return telemetry.start_span(
             telemetry.WORKER, "process", kind=SpanKind.CONSUMER, parent=parent,
             attributes={"messaging.system": "nats", "messaging.destination.name": msg.subject,
-                        "heron.request_id": headers.get(Header.REQUEST_ID, ""),
-                        "heron.task": headers.get(Header.TASK, ""),
-                        "heron.model": headers.get(Header.MODEL, ""),
-                        "heron.pool": self.spec.pool,
-                        "heron.item_start": int(headers.get(Header.START, "0")),
-                        "heron.item_count": int(headers.get(Header.COUNT, "0"))})
+                        "heron.request_id": item.request_id, "heron.task": item.task,
+                        "heron.model": item.model, "heron.pool": self.spec.pool,
+                        "heron.item_start": item.start, "heron.item_count": item.count})
 
-    async def _handle_item(self, msg: Msg, headers: dict[str, str], received: float,
+    async def _handle_item(self, msg: Msg, item: WorkItemHeaders, received: float,
                            hold: _Hold) -> int:
         """Compute and answer one item; the HTTP-like status of what happened (200 answered,
         4xx/5xx answered with that error, _RETRIED nak'ed for later)."""
-        request_id = headers.get(Header.REQUEST_ID, "")
-        reply = headers.get(Header.REPLY)
-        start = int(headers.get(Header.START, "0"))
-        count = int(headers.get(Header.COUNT, "0"))
-        deadline = float(headers[Header.DEADLINE]) if Header.DEADLINE in headers else None
+        deadline = item.deadline
 
         async def answer(*, body: dict[str, Any] | None = None,
                          error: HeronError | None = None,
                          timings: dict[str, float] | None = None) -> None:
             with telemetry.span(telemetry.WORKER, "respond"):
-                if reply:
-                    message = result_message(request_id, start, count, body=body,
-                                             error=None if error is None else
-                                             error.to_body()["error"], timings=timings)
-                    if not await self._deliver(reply, wire.encode(message, wire.MSGPACK)):
+                if item.reply:
+                    result = WorkResult(item.request_id, item.start, item.count, body,
+                                        None if error is None else error.to_body()["error"],
+                                        timings)
+                    if not await self._deliver(item.reply,
+                                               wire.encode(result.to_wire(), wire.MSGPACK)):
                         await msg.nak(delay=1.0)  # not confirmed: compute and send it again
                         return
                 await msg.ack()
@@ -324,14 +325,14 @@ class WorkConsumer:
             return error.status
         keep_alive = _KeepAlive(msg, self.spec.ack_wait_s / 2)
         try:
-            outcome = await self._run(headers, msg.data, deadline)
+            outcome = await self._run(item, msg.data)
         except HeronError as exc:
             if exc.code in _RETRY_LATER:
                 return await self._retry_later(msg, exc, answer)
             await answer(error=exc)
             return exc.status
         except Exception as exc:  # a bug must not lose the item: answer with an error
-            log.exception("work item %s failed", request_id)
+            log.exception("work item %s failed", item.request_id)
             await answer(error=HeronError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
             return 500
         finally:
@@ -365,19 +366,17 @@ class WorkConsumer:
                 return False
         return True
 
-    async def _run(self, headers: dict[str, str], data: bytes,
-                   deadline: float | None) -> Outcome:
-        task = headers.get(Header.TASK, "")
-        parse = _PARSERS.get(task)
+    async def _run(self, item: WorkItemHeaders, data: bytes) -> Outcome:
+        parse = _PARSERS.get(item.task)
         if parse is None:
-            raise HeronError(ErrorCode.MALFORMED_BODY, f"unknown task {task!r}")
+            raise HeronError(ErrorCode.MALFORMED_BODY, f"unknown task {item.task!r}")
         request = parse(wire.decode(data, wire.MSGPACK))
-        request.options.priority = int(headers.get(Header.PRIORITY, request.options.priority))
-        if deadline is not None:  # the batcher drops it if it expires while queued
-            request.options.timeout_s = max(0.001, deadline - time.time())
-        model = headers.get(Header.MODEL, "")
-        call = getattr(self.service, task)  # encode | score | extract, checked above
-        return await call(model, request)
+        if item.priority is not None:
+            request.options.priority = item.priority
+        if item.deadline is not None:  # the batcher drops it if it expires while queued
+            request.options.timeout_s = max(0.001, item.deadline - time.time())
+        call = getattr(self.service, item.task)  # encode | score | extract, checked above
+        return await call(item.model, request)
 
     async def _retry_later(self, msg: Msg, exc: HeronError, answer: Any) -> int:
         delivered = msg.metadata.num_delivered if msg.metadata else 1
@@ -393,11 +392,16 @@ class WorkConsumer:
         await msg.nak(delay=exc.retry_after_s or 1.0)
         return _RETRIED
 
-
-
-def _item_count(msg: Msg) -> int:
-    """Texts in a work item (its Heron-Item-Count header; 1 when absent or unreadable)."""
-    try:
-        return max(1, int((msg.headers or {}).get(Header.COUNT, "1")))
-    except ValueError:
-        return 1
+    async def _dead_letter_malformed(self, msg: Msg, exc: ProtocolError, hold: _Hold) -> None:
+        """A work item whose headers cannot be read (a Heron-Item-Start or Heron-Item-Count
+        that is no number, ...): it can never run and its reply cannot be trusted, so it is
+        kept in the dead-letter stream for inspection and taken off the work stream."""
+        try:
+            log.warning("dead-lettering a work item with unreadable headers on %s: %s",
+                        msg.subject, exc)
+            await self.js.publish(dlq_subject(self.spec.pool), msg.data, headers=msg.headers)
+            if self.metrics is not None:
+                self.metrics.dead_letters.labels(self.spec.pool).inc()
+            await msg.ack()
+        finally:
+            hold.release()

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 from heron.runtime.modelconfig import Bundle, ModelConfig, Profile
-from heron.worker.adapters import ADAPTERS
+from heron.worker.adapters import adapter_class
 from heron.worker.cpus import pin_this_thread
 from heron.worker.memory import (
     InsufficientMemory,
@@ -318,7 +318,7 @@ class ModelRegistry:
         device = select_device(self.device_override or profile.device)
         weights_dtype, autocast_dtype = select_precision(
             self.precision_override or profile.precision, device)
-        adapter = ADAPTERS[config.adapter](config, profile)
+        adapter = adapter_class(config.adapter)(config, profile)
         adapter.load(path, device, weights_dtype)
         if autocast_dtype is not None:
             adapter.store_matmul_weights(autocast_dtype)

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from heron.runtime import telemetry
+from heron.runtime.adapters import adapter_family
 from heron.runtime.http import server_timing
-from heron.runtime.modelconfig import ADAPTER_TASKS
 from heron.worker.adapters import TextInput, Tokenized
 from heron.worker.outputs import quantize, truncate_dims
 from heron.worker.registry import ModelEntry, ModelRegistry
@@ -141,7 +141,7 @@ class InferenceService:
 
     async def _runner_for(self, model: str, task: str) -> tuple[ModelEntry, ModelRunner]:
         entry, runner = await self.registry.acquire(model)
-        tasks = ADAPTER_TASKS[entry.config.adapter]
+        tasks = adapter_family(entry.config.adapter).tasks
         if task not in tasks:
             raise HeronError(ErrorCode.UNSUPPORTED_TASK,
                              f"model {entry.config.id} does not support {task}; "

@@ -14,7 +14,8 @@ from typing import Any
 import psutil
 from nats.aio.client import Client as NATS
 
-from heron.runtime.nats_names import status_message, status_subject
+from heron.runtime.nats_names import status_subject
+from heron.runtime.protocol import WorkerHeartbeat
 from heron_sdk import wire
 
 HEARTBEAT_INTERVAL_S = 1.0
@@ -31,12 +32,14 @@ class StatusPublisher:
         self._process = psutil.Process(os.getpid())
         self._task: asyncio.Task | None = None
 
-    def beat(self, *, ready_override: bool | None = None) -> dict[str, Any]:
+    def beat(self, *, ready_override: bool | None = None) -> WorkerHeartbeat:
+        """This worker's heartbeat now; ``snapshot()`` gives every field but the worker's
+        id, pool, process memory and time (WorkerHeartbeat's keyword names)."""
         snapshot = self._snapshot()
         if ready_override is not None:
             snapshot["ready"] = ready_override
-        return status_message(worker_id=self.worker_id, pool=self.pool,
-                              memory_rss=self._process.memory_info().rss, **snapshot)
+        return WorkerHeartbeat(worker_id=self.worker_id, pool=self.pool,
+                               memory_rss=self._process.memory_info().rss, **snapshot)
 
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -44,7 +47,8 @@ class StatusPublisher:
     async def _run(self) -> None:
         while True:
             with contextlib.suppress(Exception):  # NATS down: the next beat will tell
-                await self.nc.publish(self.subject, wire.encode(self.beat(), wire.MSGPACK))
+                await self.nc.publish(self.subject,
+                                      wire.encode(self.beat().to_wire(), wire.MSGPACK))
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     async def stop(self) -> None:
@@ -54,6 +58,6 @@ class StatusPublisher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         with contextlib.suppress(Exception):
-            await self.nc.publish(self.subject,
-                                  wire.encode(self.beat(ready_override=False), wire.MSGPACK))
+            await self.nc.publish(self.subject, wire.encode(
+                self.beat(ready_override=False).to_wire(), wire.MSGPACK))
             await self.nc.flush(timeout=1)

@@ -28,9 +28,9 @@ from nats.aio.msg import Msg
 
 from heron.runtime.nats_names import DEMAND_WILDCARD, STATUS_WILDCARD, ensure_pools_bucket
 from heron.runtime.pool_store import LeaseMirror
+from heron.runtime.protocol import DemandNotice, PoolLease, ProtocolError, WorkerHeartbeat
 from heron_sdk import wire
 from heron_sdk.errors import HeronError
-from heron_sdk.pools import PoolLease
 
 log = logging.getLogger("heron.up.autoscaler")
 
@@ -99,8 +99,11 @@ class Autoscaler:
 
     # ---- signals -----------------------------------------------------------------------
     async def _on_demand(self, msg: Msg) -> None:
-        demand = _decode(msg)
-        pool = str(demand.get("pool", ""))
+        try:
+            pool = DemandNotice.from_wire(_decode(msg)).pool
+        except ProtocolError as exc:
+            log.warning("ignoring a malformed demand notice on %s: %s", msg.subject, exc)
+            return
         async with self._lock:
             if self.workers.alive(pool):
                 return
@@ -113,12 +116,14 @@ class Autoscaler:
                 await self.workers.start_worker(pool, lease.bundle)
 
     async def _on_beat(self, msg: Msg) -> None:
-        beat = _decode(msg)
-        worker_id = str(beat.get("worker_id", ""))
-        if beat.get("in_flight") or beat.get("queue_depth"):
-            self._idle_since.pop(worker_id, None)
+        try:
+            beat = WorkerHeartbeat.from_wire(_decode(msg))
+        except ProtocolError:  # the gateway logs malformed beats; one line per beat is enough
+            return
+        if beat.in_flight or beat.queue_depth:
+            self._idle_since.pop(beat.worker_id, None)
         else:
-            self._idle_since.setdefault(worker_id, time.monotonic())
+            self._idle_since.setdefault(beat.worker_id, time.monotonic())
 
     # ---- the loop ------------------------------------------------------------------------
     async def _reconcile_forever(self) -> None:
@@ -186,9 +191,9 @@ class Autoscaler:
         task.add_done_callback(self._stopping.discard)
 
 
-def _decode(msg: Msg) -> dict[str, Any]:
+def _decode(msg: Msg) -> Any:
+    """The message's msgpack content; None when it is not msgpack (from_wire refuses it)."""
     try:
-        body = wire.decode(msg.data, wire.MSGPACK)
+        return wire.decode(msg.data, wire.MSGPACK)
     except HeronError:
-        return {}
-    return body if isinstance(body, dict) else {}
+        return None

@@ -325,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What `pip install '.[worker]'` adds (pyproject.toml), by import name.
+_MODEL_STACK = ("torch", "transformers", "tokenizers", "sentencepiece", "safetensors",
+                "huggingface_hub")
 # The services' logs are read by machines (JSON); what people run in a terminal, as text.
 _JSON_LOG_COMMANDS = ("gateway", "worker", "config")
 
@@ -353,6 +356,16 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as exc:
         print(f"heron: config error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        # `heron serve` and `heron worker` where only the server's base is installed (the
+        # control image): say which extra brings the model stack, not a traceback.
+        if (exc.name or "").split(".")[0] not in _MODEL_STACK:
+            raise
+        command = getattr(args, "command", "")
+        print(f"heron {command}: {exc.name} is not installed; models need the worker extra: "
+              "pip install torch==2.13.0 && pip install ./sdk '.[worker]' (docs/layout.md)",
+              file=sys.stderr)
         return 2
 
 

@@ -23,7 +23,9 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from heron.runtime.nats_names import CONFIG_STREAM, config_all_subject, config_subject
+from heron.runtime.protocol import ConfigDelta, ProtocolError
 from heron_sdk import wire
+from heron_sdk.errors import HeronError
 
 log = logging.getLogger("heron.configsync")
 
@@ -31,19 +33,19 @@ Snapshot = dict[str, Any]  # GET /v1/configs/export: {"epoch", "models", "bundle
 OnChange = Callable[[Snapshot], Awaitable[None] | None]
 
 
-def apply_delta(snapshot: Snapshot, delta: dict[str, Any]) -> bool:
+def apply_delta(snapshot: Snapshot, delta: ConfigDelta) -> bool:
     """Fold one delta into a snapshot in place; False (and no change) unless it is newer."""
-    if int(delta["epoch"]) <= int(snapshot.get("epoch", 0)):
+    if delta.epoch <= int(snapshot.get("epoch", 0)):
         return False
-    model = delta["model"]
-    snapshot.setdefault("models", {})[model["id"]] = model
+    model_id = delta.model_id
+    snapshot.setdefault("models", {})[model_id] = delta.model
     bundles = snapshot.setdefault("bundles", {})
-    for name in delta.get("bundles", []):
+    for name in delta.bundles:
         entry = bundles.setdefault(name, {"adapters": [], "models": [], "hash": ""})
-        if model["id"] not in entry["models"]:
-            entry["models"].append(model["id"])
-        entry["hash"] = delta.get("bundles_hash", {}).get(name, entry.get("hash", ""))
-    snapshot["epoch"] = int(delta["epoch"])
+        if model_id not in entry["models"]:
+            entry["models"].append(model_id)
+        entry["hash"] = delta.bundles_hash.get(name, entry.get("hash", ""))
+    snapshot["epoch"] = delta.epoch
     return True
 
 
@@ -58,7 +60,7 @@ class ConfigFollower:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.resync_s = resync_s or float(os.environ.get("HERON_CONFIG_RESYNC_S", "30"))
         self.snapshot: Snapshot = {"epoch": -1, "models": {}, "bundles": {}}
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[ConfigDelta] = []
         self._bootstrapped = False
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
@@ -127,8 +129,8 @@ class ConfigFollower:
 
     async def _on_delta(self, msg: Msg) -> None:
         try:
-            delta = wire.decode(msg.data, wire.MSGPACK)
-        except Exception as exc:
+            delta = ConfigDelta.from_wire(wire.decode(msg.data, wire.MSGPACK))
+        except (HeronError, ProtocolError) as exc:  # not msgpack, or not a delta
             log.warning("dropping an undecodable config delta: %s", exc)
             return
         async with self._lock:

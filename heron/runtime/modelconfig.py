@@ -18,26 +18,14 @@ from typing import Any
 
 import yaml
 
-# Adapter -> the tasks its models serve (dense encoders also score, by cosine). The worker's
-# adapters and the gateway's routing both read this one table.
-ADAPTER_TASKS: dict[str, tuple[str, ...]] = {
-    "dense": ("encode", "score"),
-    "sparse": ("encode",),
-    "multi_vector": ("encode",),
-    "cross_encoder": ("score",),
-    "token_classifier": ("extract",),
-    "null": ("encode",),
-}
-ADAPTERS = tuple(ADAPTER_TASKS)
-# Adapter -> the output types its encode produces (an empty set: it does not encode).
+from heron.runtime.adapters import ADAPTER_FAMILIES, ADAPTERS
+
+# Two columns of the adapter table (heron/runtime/adapters.py), derived from it, for readers
+# that need only one; a family is added to the table, never here.
+ADAPTER_TASKS: dict[str, tuple[str, ...]] = {n: f.tasks for n, f in ADAPTER_FAMILIES.items()}
 ADAPTER_OUTPUT_TYPES: dict[str, frozenset[str]] = {
-    "dense": frozenset({"dense"}),
-    "sparse": frozenset({"sparse"}),
-    "multi_vector": frozenset({"multi_vector", "dense"}),
-    "cross_encoder": frozenset(),
-    "token_classifier": frozenset(),
-    "null": frozenset({"dense"}),
-}
+    n: f.output_types for n, f in ADAPTER_FAMILIES.items()}
+
 POOLINGS = ("mean", "cls", "last")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 ACTIVATIONS = ("sigmoid", "softmax", "none")

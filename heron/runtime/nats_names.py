@@ -1,5 +1,7 @@
 """The one source of truth for Heron's NATS names, headers and stream definitions.
 
+The messages that travel on these subjects are typed classes in heron.runtime.protocol.
+
 Gateway, worker and config service read every subject, stream, consumer, header and
 bucket name from here, and declare streams and consumers through ``ensure_work_stream`` so
 that whichever side starts first creates them, identically.
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,8 @@ def reply_subject(gateway_id: str, request_id: str) -> str:
 
 # ---- headers of a work item ------------------------------------------------------------------
 class Header:
+    """Header names of a work item (heron.runtime.protocol.WorkItemHeaders)."""
+
     REQUEST_ID = "Heron-Request-Id"
     TASK = "Heron-Task"  # encode | score | extract
     MODEL = "Heron-Model"
@@ -209,60 +212,11 @@ def _norm(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
-# ---- work items and results -------------------------------------------------------------
-# A work item is one JetStream message: the Header.* fields above, and a msgpack body that
-# is the inference request's wire form (EncodeRequest/ScoreRequest/ExtractRequest.to_wire())
-# holding only this item's slice of the request's items (score: top_k left out; the gateway
-# ranks the whole request). Its result is one NATS Core message to Header.REPLY:
-#   {"request_id", "start", "count", "body": <the worker's response body for the slice>}
-# or, when the whole slice failed, {"request_id", "start", "count", "error": {code, message}}.
-# Both may carry "timings" in seconds: {"tokenize", "batch_wait", "inference", "postprocess",
-# "total"}, total being the worker's whole time on the item (docs/observability.md).
-
+# ---- work items ---------------------------------------------------------------------------
+# The messages themselves (work item headers, results, heartbeats, demand notices, config
+# deltas) are typed classes in heron.runtime.protocol; this module only names where they go.
 MAX_ITEMS_PER_WORK_ITEM = 64
 MAX_TOKENS_PER_WORK_ITEM = 8192  # estimated at the gateway as characters / 4
-
-
-def work_headers(*, request_id: str, task: str, model: str, reply: str, start: int,
-                 count: int, deadline: float | None, priority: int) -> dict[str, str]:
-    headers = {Header.REQUEST_ID: request_id, Header.TASK: task, Header.MODEL: model,
-               Header.REPLY: reply, Header.START: str(start), Header.COUNT: str(count),
-               Header.PRIORITY: str(priority)}
-    if deadline is not None:
-        headers[Header.DEADLINE] = f"{deadline:.6f}"
-    return headers
-
-
-def demand_message(pool: str, bundle: str) -> dict[str, Any]:
-    """Published on demand_subject(pool) with each 202: autoscalers start a worker."""
-    return {"pool": pool, "bundle": bundle, "ts": time.time()}
-
-
-def status_message(*, worker_id: str, pool: str, bundle: str, bundle_hash: str,
-                   models: dict[str, str], queue_depth: int, in_flight: int, memory_rss: int,
-                   ready: bool, address: str, items_done: int = 0,
-                   model_items: dict[str, int] | None = None,
-                   model_memory: dict[str, int] | None = None) -> dict[str, Any]:
-    """A worker heartbeat, once a second on status_subject(pool, worker_id).
-
-    ``items_done`` and ``model_items`` (model id -> items) count the items the worker has
-    computed since it started: counters, so a reader gets a rate from two beats and a lost
-    beat costs nothing. ``model_memory`` is each loaded model's weights and buffers in bytes.
-    Readers treat the three as optional (older workers do not send them)."""
-    return {"worker_id": worker_id, "pool": pool, "bundle": bundle,
-            "bundle_hash": bundle_hash, "models": models, "queue_depth": queue_depth,
-            "in_flight": in_flight, "memory_rss": memory_rss, "ready": ready,
-            "address": address, "items_done": items_done, "model_items": model_items or {},
-            "model_memory": model_memory or {}, "ts": time.time()}
-
-
-def config_delta(*, epoch: int, model: dict[str, Any], bundles: list[str],
-                 bundles_hash: dict[str, str]) -> dict[str, Any]:
-    """One config change, published on config_subject(b) for each bundle b that routes the
-    model and on config_all_subject(). ``model`` is ModelConfig.to_dict(); ``bundles_hash``
-    is each of those bundles' config hash after the change. Applying a delta whose epoch is
-    not newer than what one has changes nothing."""
-    return {"epoch": epoch, "model": model, "bundles": bundles, "bundles_hash": bundles_hash}
 
 
 async def ensure_config_stream(js: JetStreamContext, file_storage: bool = True,
@@ -276,16 +230,3 @@ async def ensure_config_stream(js: JetStreamContext, file_storage: bool = True,
         await js.stream_info(CONFIG_STREAM)
     except NotFoundError:
         await js.add_stream(config)
-
-
-def result_message(request_id: str, start: int, count: int, *,
-                   body: dict[str, Any] | None = None, error: dict[str, Any] | None = None,
-                   timings: dict[str, float] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"request_id": request_id, "start": start, "count": count}
-    if error is not None:
-        out["error"] = error
-    else:
-        out["body"] = body
-    if timings:
-        out["timings"] = timings
-    return out

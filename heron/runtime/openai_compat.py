@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
-from heron_sdk.types import MAX_ITEMS_PER_REQUEST, check_text
+from heron_sdk.types import MAX_INTEGER, MAX_ITEMS_PER_REQUEST, check_text, integral
 from heron_sdk.wire import array_to_base64
 
 
@@ -34,12 +34,14 @@ def parse_embeddings_request(body: Any) -> tuple[str, list[str], str, int | None
         raise HeronError(ErrorCode.TOO_MANY_ITEMS,
                          f"input: {len(texts)} items is over the limit of "
                          f"{MAX_ITEMS_PER_REQUEST}", field="input")
-    encoding = body.get("encoding_format") or "float"
+    encoding = body.get("encoding_format")
+    encoding = "float" if encoding is None else encoding  # "" and false are errors, too
     if encoding not in ("float", "base64"):
         raise invalid_field("encoding_format", "must be 'float' or 'base64'")
-    dims = body.get("dimensions")
-    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int) or dims <= 0):
-        raise invalid_field("dimensions", "must be a positive integer")
+    dims = integral(body.get("dimensions"))
+    if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int)
+                             or not 0 < dims <= MAX_INTEGER):
+        raise invalid_field("dimensions", f"must be an integer from 1 to {MAX_INTEGER}")
     return model, texts, encoding, dims
 
 

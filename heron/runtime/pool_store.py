@@ -25,13 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import orjson
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 from nats.js.kv import KeyValue
 
 from heron.runtime.nats_names import POOLS_BUCKET, POOLS_MARKER_TTL_S, ensure_pools_bucket
-from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.errors import ErrorCode, HeronError, ProtocolError
 from heron_sdk.pools import PoolLease
 
 log = logging.getLogger("heron.pools")
@@ -60,7 +59,7 @@ def lease_from_entry(value: bytes | None, headers: dict[str, str] | None,
         return None
     try:
         lease = PoolLease.from_kv(value)
-    except (KeyError, TypeError, ValueError, orjson.JSONDecodeError) as exc:
+    except ProtocolError as exc:
         log.warning("ignoring an unreadable lease under %s: %r", name, exc)
         return None
     return lease if lease.name == name else None

@@ -1,10 +1,14 @@
 """The Dockerfiles, checked without a Docker engine: what they COPY exists and is not
 ignored, what they run is a real `heron` subcommand, and each image is multi-stage,
-non-root, pinned to torch 2.13.0 and health-checked on /healthz."""
+non-root and health-checked on /healthz. The worker images install the client and
+`heron[worker]` with torch pinned to 2.13.0; the control image (gateway, config service)
+installs no torch at all, which the `heron` distribution's requirements and the control
+plane's imports allow (checked here too)."""
 
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata
 import re
 import subprocess
 import sys
@@ -12,10 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.servers import REPO
+
 from .manifests import DOCKER, ROOT, dockerfiles, flags_removed, image_argv, parse_dockerfile
 
 HERON = Path(sys.executable).parent / "heron"
 NAMES = [p.name for p in dockerfiles()]
+WORKER_IMAGES = ["Dockerfile.worker-cpu", "Dockerfile.worker-cuda"]
+MODEL_STACK = {"torch", "transformers", "tokenizers", "sentencepiece", "safetensors",
+               "huggingface-hub"}
 
 
 def test_the_three_images_exist():
@@ -74,7 +83,8 @@ def test_copy_sources_exist_and_are_in_the_build_context(name):
 def test_dockerignore_keeps_out_what_an_image_must_not_carry():
     patterns = _ignore_patterns(DOCKER / "Dockerfile.control")
     for rel in (".venv/bin/python", "tests/conftest.py", ".git/config", "bench/x.py",
-                "heron/__pycache__/cli.cpython-311.pyc"):
+                "heron/__pycache__/cli.cpython-311.pyc", "sdk/heron_sdk.egg-info/PKG-INFO",
+                "sdk/build/lib/heron_sdk/client.py"):
         assert _ignored(rel, patterns), rel
     for rel in ("heron/cli/main.py", "bundles/default.yaml", "pyproject.toml"):
         assert not _ignored(rel, patterns), rel
@@ -118,7 +128,7 @@ def test_images_are_multi_stage_non_root_and_health_checked(name):
             assert "--no-index" in args, f"{name}: the runtime stage pip-installs from PyPI"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", WORKER_IMAGES)
 def test_torch_is_pinned_to_the_projects_version(name):
     text = (DOCKER / name).read_text()
     assert "ARG TORCH_VERSION=2.13.0" in text
@@ -140,7 +150,68 @@ def test_torch_is_pinned_to_the_projects_version(name):
         assert "--index-url https://download.pytorch.org/whl/cpu" in text
 
 
-@pytest.mark.parametrize("name", ["Dockerfile.worker-cpu", "Dockerfile.worker-cuda"])
+def _pip_steps(name: str, stage: int | None = None) -> list[str]:
+    """Each `pip wheel` / `pip install` command of the Dockerfile's RUN lines (of one stage,
+    or of all)."""
+    stages = parse_dockerfile(DOCKER / name)
+    chosen = stages if stage is None else [stages[stage]]
+    return [step.strip() for s in chosen for instr, args in s.instructions if instr == "RUN"
+            for step in args.split("&&") if re.search(r"pip (wheel|install)", step)]
+
+
+def test_the_control_image_installs_no_torch():
+    steps = _pip_steps("Dockerfile.control")
+    assert steps
+    for step in steps:
+        assert "torch" not in step and "[worker]" not in step, step
+    # The client from sdk/ and the server without extras are built...
+    assert any("./sdk" in step and re.search(r"\s\.(\s|$)", step) for step in steps), steps
+    # ... and installed in the runtime stage, where the build checks that torch is absent.
+    runtime = _pip_steps("Dockerfile.control", -1)
+    assert any(re.search(r"--no-index .*\bheron\b", step) for step in runtime), runtime
+    text = (DOCKER / "Dockerfile.control").read_text()
+    assert "TORCH_VERSION" not in text
+    assert "find_spec('torch') is not None" in text
+
+
+@pytest.mark.parametrize("name", WORKER_IMAGES)
+def test_worker_images_install_the_client_and_the_worker_extra(name):
+    steps = _pip_steps(name)
+    assert any("./sdk" in s and "'.[worker]'" in s for s in steps), steps
+    assert any('"torch==${TORCH_VERSION}' in s for s in steps), steps
+    if name == "Dockerfile.worker-cpu":  # wheels built, then installed in the slim stage
+        assert any("'heron[worker]'" in s for s in _pip_steps(name, -1))
+
+
+def test_the_heron_distribution_leaves_the_model_stack_to_the_worker_extra():
+    requirements = importlib.metadata.requires("heron") or []
+    base = {_project(r) for r in requirements if "extra ==" not in r}
+    worker = {_project(r) for r in requirements if re.search(r"""extra == ["']worker["']""", r)}
+    assert "heron-sdk" in base
+    assert not base & MODEL_STACK, base & MODEL_STACK
+    assert {"torch", "transformers", "tokenizers"} <= worker
+
+
+def _project(requirement: str) -> str:
+    name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+    assert name, requirement
+    return re.sub(r"[-_.]+", "-", name.group(1)).lower()
+
+
+def test_the_control_plane_imports_no_model_stack():
+    """What `heron gateway` and `heron config` import, in a fresh interpreter: the control
+    image has no torch, so none of it may need one."""
+    code = ("import sys; import heron.cli.main, heron.gateway.app, heron.config_service.app; "
+            "print(sorted(m for m in ('torch', 'transformers', 'tokenizers', 'safetensors', "
+            "'huggingface_hub', 'heron.worker') if m in sys.modules))")
+    # Not from the repository root: its folders would import as the old top-level names.
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO / "docs")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", WORKER_IMAGES)
 def test_worker_images_bake_in_the_bundle_named_by_build_arg(name):
     final = parse_dockerfile(DOCKER / name)[-1]
     args = dict(a.split("=", 1) for i, a in final.instructions if i == "ARG" and "=" in a)

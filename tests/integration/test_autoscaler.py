@@ -14,13 +14,9 @@ import nats
 from nats.aio.client import Client as NatsClient
 
 from heron.cli.autoscaler import Autoscaler, ScalePolicy
-from heron.runtime.nats_names import (
-    demand_message,
-    demand_subject,
-    ensure_pools_bucket,
-    status_subject,
-)
+from heron.runtime.nats_names import demand_subject, ensure_pools_bucket, status_subject
 from heron.runtime.pool_store import PoolStore
+from heron.runtime.protocol import DemandNotice
 from heron_sdk import wire
 from heron_sdk.pools import PoolLease, PoolSpec
 from tests.support.nats_server import NatsServer
@@ -95,7 +91,8 @@ async def lease(nc: NatsClient, name: str, workers: int, ttl_s: float = 30) -> N
 
 
 async def demand(nc: NatsClient, pool: str) -> None:
-    await nc.publish(demand_subject(pool), wire.encode(demand_message(pool, "x"), wire.MSGPACK))
+    await nc.publish(demand_subject(pool),
+                     wire.encode(DemandNotice(pool, "x").to_wire(), wire.MSGPACK))
 
 
 async def idle_beat(nc: NatsClient, pool: str, worker_id: str) -> None:

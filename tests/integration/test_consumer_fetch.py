@@ -16,7 +16,8 @@ from typing import Any
 import nats
 import pytest
 
-from heron.runtime.nats_names import WorkStreamSpec, work_headers, work_subject
+from heron.runtime.nats_names import WorkStreamSpec, work_subject
+from heron.runtime.protocol import WorkItemHeaders
 from heron.worker.consumer import WorkConsumer, fetch_lookahead_from_env
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.service import Outcome, Timings
@@ -57,9 +58,8 @@ class SlowService(HeldService):
 async def _publish(js: Any, pool: str, inbox: str, texts: list[str]) -> None:
     for i, text in enumerate(texts):
         await js.publish(work_subject(pool, "m"), wire.encode({"items": [text]}, wire.MSGPACK),
-                         headers=work_headers(request_id=f"r{i}", task="encode", model="m",
-                                              reply=inbox, start=0, count=1, deadline=None,
-                                              priority=0))
+                         headers=WorkItemHeaders(f"r{i}", "encode", "m", inbox, 0, 1, None,
+                                                 0).to_wire())
 
 
 async def _answers(sub: Any, n: int, timeout_s: float = 15.0) -> list[str]:

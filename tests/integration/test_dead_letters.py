@@ -13,10 +13,10 @@ from heron.runtime.nats_names import (
     DLQ_STREAM,
     WorkStreamSpec,
     dlq_subject,
-    work_headers,
     work_stream,
     work_subject,
 )
+from heron.runtime.protocol import WorkItemHeaders
 from heron.worker.consumer import WorkConsumer
 from heron.worker.metrics import WorkerMetrics
 from heron_sdk import wire
@@ -54,9 +54,8 @@ async def test_out_of_deliveries_goes_to_dlq_and_the_caller_hears(
         inbox = f"_INBOX.heron.dlqtest.{uuid.uuid4().hex[:6]}"
         sub = await nc.subscribe(inbox)
         body = wire.encode({"items": ["never computed"]}, wire.MSGPACK)
-        await js.publish(work_subject(pool, "m"), body, headers=work_headers(
-            request_id="r1", task="encode", model="m", reply=inbox, start=0, count=1,
-            deadline=None, priority=0))
+        await js.publish(work_subject(pool, "m"), body, headers=WorkItemHeaders(
+            "r1", "encode", "m", inbox, 0, 1, None, 0).to_wire())
         msg = await sub.next_msg(timeout=10)
         await msg.respond(b"")
         result = wire.decode(msg.data, wire.MSGPACK)
@@ -73,6 +72,38 @@ async def test_out_of_deliveries_goes_to_dlq_and_the_caller_hears(
         text = metrics.render().decode()
         assert f'heron_worker_redeliveries_total{{pool="{pool}"}} 2.0' in text
         assert f'heron_worker_dead_letters_total{{pool="{pool}"}} 1.0' in text
+    finally:
+        await consumer.drain()
+        await nc.close()
+
+
+async def test_unreadable_headers_go_to_dlq_at_once(nats_server: NatsServer) -> None:
+    """A work item whose Heron-Item-Count is no number never runs and is not redelivered:
+    it is dead-lettered on its first delivery, and the work stream is empty again."""
+    pool = f"d{uuid.uuid4().hex[:8]}"
+    nc = await nats.connect(nats_server.url)
+    service = ForeverLoading()
+    metrics = WorkerMetrics()
+    spec = WorkStreamSpec(pool=pool)
+    consumer = WorkConsumer(nc, service, spec, metrics=metrics)  # type: ignore[arg-type]
+    await consumer.start()
+    try:
+        js = nc.jetstream()
+        headers = WorkItemHeaders("r-bad", "encode", "m", "_INBOX.nobody", 0, 1, None,
+                                  0).to_wire() | {"Heron-Item-Count": "many"}
+        body = wire.encode({"items": ["never computed"]}, wire.MSGPACK)
+        await js.publish(work_subject(pool, "m"), body, headers=headers)
+        for _ in range(100):
+            if (await js.stream_info(work_stream(pool))).state.messages == 0:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
+        dead = await js.get_last_msg(DLQ_STREAM, dlq_subject(pool))
+        assert dead.data == body and dead.headers["Heron-Item-Count"] == "many"
+        assert (await js.stream_info(work_stream(pool))).state.messages == 0
+        assert service.calls == 0
+        assert f'heron_worker_dead_letters_total{{pool="{pool}"}} 1.0' in \
+            metrics.render().decode()
     finally:
         await consumer.drain()
         await nc.close()

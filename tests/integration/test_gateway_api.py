@@ -183,8 +183,12 @@ def test_models_readyz_and_metrics(cluster: Cluster, http: httpx.Client) -> None
     assert models["cold/dense"]["state"] == "no_workers"
     one = http.get("/v1/models/warm-ner").json()
     assert one["id"] == "warm/ner" and one["task"] == "extract"
+    assert one["bundle"] == "warm" and one["tasks"] == ["extract"]
     ready = http.get("/readyz").json()
-    assert ready["status"] == "ready"
+    # heron serve's shape (status, models) plus what only a gateway knows.
+    assert ready["status"] == "ready" and ready["nats_connected"] is True
+    assert ready["models"] == {m: models[m]["state"] for m in models}  # as /v1/models
+    assert ready["models"]["cold/dense"] == "no_workers"
     assert ready["pools"][cluster.pools["warm"]]["healthy_workers"] == 1
     text = http.get("/metrics").text
     assert metric(text, "heron_gateway_healthy_workers", pool=cluster.pools["warm"]) == 1

@@ -126,3 +126,33 @@ def test_null_bundle_returns_fixed_vectors_with_real_token_counts(tmp_path: Path
             assert [i["tokens"] for i in body["items"]] == [3, 5]
     finally:
         server.stop()
+
+
+def test_api_keys_and_readiness_match_the_gateway(tmp_path: Path) -> None:
+    """`heron serve` takes the gateway's HERON_API_KEYS and answers /readyz in its shape."""
+    server = start_serve("null", tmp_path, env={"HERON_API_KEYS": "key-a, key-b"})
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            # Probes and scrapes need no key.
+            assert http.get("/healthz").status_code == 200
+            assert http.get("/metrics").status_code == 200
+            ready = http.get("/readyz")
+            assert ready.status_code == 200
+            assert ready.json() == {"status": "ready", "models": {"heron/null": "ready"}}
+            body = {"items": ["x"]}
+            none = http.post("/v1/encode/null-model", json=body)
+            assert none.status_code == 401 and none.json()["error"]["code"] == "UNAUTHORIZED"
+            wrong = http.post("/v1/encode/null-model", json=body,
+                              headers={"authorization": "Bearer nope"})
+            assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "FORBIDDEN"
+            assert http.get("/v1/models").status_code == 401
+            key = {"authorization": "Bearer key-b"}
+            assert http.post("/v1/encode/null-model", json=body, headers=key).status_code == 200
+            (model,) = http.get("/v1/models", headers=key).json()["data"]
+            # The gateway's fields too: what a client reads works against either server.
+            assert model["id"] == "heron/null" and model["state"] == "ready"
+            assert model["bundle"] == "null" and model["tasks"] == ["encode"]
+            assert model["task"] == "encode" and model["output_types"] == ["dense"]
+            assert "pool" not in model  # one process, no pools
+    finally:
+        server.stop()

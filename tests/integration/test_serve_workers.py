@@ -50,8 +50,16 @@ def test_two_processes_serve_one_port_and_report_all_requests(
         servers = [p for p in parent.children(recursive=True)
                    if "spawn_main" in " ".join(p.cmdline())]
         assert len(servers) == 2
-        # start_serve saw one process ready; wait until fresh connections find no other.
-        ready_in_a_row, deadline = 0, time.monotonic() + 60
+        # start_serve saw one process ready. A process joins the port's SO_REUSEPORT group
+        # only once it listens, so first wait for both to listen, then until fresh
+        # connections (hashed over both) find no process still loading.
+        port = int(server.url.rsplit(":", 1)[1])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+                any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                    for c in p.net_connections(kind="tcp")) for p in servers):
+            time.sleep(0.05)
+        ready_in_a_row = 0
         while ready_in_a_row < 10 and time.monotonic() < deadline:
             ok = httpx.get(server.url + "/readyz", headers={"Connection": "close"})
             ready_in_a_row = ready_in_a_row + 1 if ok.status_code == 200 else 0

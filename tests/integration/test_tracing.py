@@ -31,7 +31,7 @@ from starlette.applications import Starlette
 
 from heron.runtime import telemetry
 from heron.runtime.modelconfig import ConfigError, load_bundle
-from heron.runtime.nats_names import work_headers
+from heron.runtime.protocol import WorkItemHeaders
 from heron.worker.app import QueueMode, create_app
 from tests.support.gateway_harness import GatewayThread, unique
 from tests.support.nats_server import NatsServer
@@ -262,8 +262,7 @@ def test_single_node_continues_the_http_traceparent(bundle: Path, spans: Any) ->
 # ---- off by default, and the exporters HERON_TRACING names ---------------------------------
 def test_tracing_off_adds_nothing() -> None:
     assert not telemetry.enabled()
-    headers = work_headers(request_id="r", task="encode", model="m", reply="_INBOX.x",
-                           start=0, count=1, deadline=None, priority=0)
+    headers = WorkItemHeaders("r", "encode", "m", "_INBOX.x", 0, 1, None, 0).to_wire()
     before = dict(headers)
     telemetry.inject(headers)
     assert headers == before  # no traceparent crosses NATS

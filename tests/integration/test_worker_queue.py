@@ -19,10 +19,10 @@ from heron.runtime.nats_names import (
     STATUS_WILDCARD,
     WorkStreamSpec,
     ensure_work_stream,
-    work_headers,
     work_stream,
     work_subject,
 )
+from heron.runtime.protocol import WorkItemHeaders
 from heron_sdk import wire
 from heron_sdk.types import EncodeRequest, Item
 from tests.support.cluster_procs import WorkerProcess
@@ -67,9 +67,8 @@ async def _roundtrip(nats_url: str, pool: str, requests: list[tuple[str, dict, f
     inbox = f"_INBOX.heron.test{uuid.uuid4().hex[:6]}"
     await nc.subscribe(inbox + ".>", cb=on_result)
     for request_id, body, deadline in requests:
-        headers = work_headers(request_id=request_id, task="encode", model=MINILM,
-                               reply=f"{inbox}.{request_id}", start=0,
-                               count=len(body.get("items", [])), deadline=deadline, priority=0)
+        headers = WorkItemHeaders(request_id, "encode", MINILM, f"{inbox}.{request_id}", 0,
+                                  len(body.get("items", [])), deadline, 0).to_wire()
         await js.publish(work_subject(pool, MINILM), wire.encode(body, wire.MSGPACK),
                          headers=headers)
     try:

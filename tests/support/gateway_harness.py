@@ -31,14 +31,13 @@ from heron.gateway.app import create_app
 from heron.gateway.routes import GatewayApp
 from heron.gateway.settings import GatewaySettings
 from heron.runtime.nats_names import (
-    Header,
     WorkStreamSpec,
     ensure_work_stream,
-    result_message,
     status_subject,
     work_consumer,
     work_stream,
 )
+from heron.runtime.protocol import WorkerHeartbeat, WorkItemHeaders, WorkResult
 from heron_sdk import wire
 from tests.support.servers import REPO, ServerProcess, free_port, wait_until
 
@@ -217,25 +216,23 @@ class FakeWorker:
     async def _handle(self, nc: Any, msg: Any) -> None:
         headers = dict(msg.headers or {})
         self.seen.append(headers)
-        start, count = int(headers[Header.START]), int(headers[Header.COUNT])
-        request_id = headers[Header.REQUEST_ID]
+        item = WorkItemHeaders.from_wire(headers)
         try:
-            body = fake_answer(headers[Header.TASK], wire.decode(msg.data, wire.MSGPACK))
-            result = result_message(request_id, start, count, body=body,
-                                    timings={"queue": 0.001, "inference": 0.002})
+            body = fake_answer(item.task, wire.decode(msg.data, wire.MSGPACK))
+            result = WorkResult(item.request_id, item.start, item.count, body=body,
+                                timings={"queue": 0.001, "inference": 0.002})
         except FakeFailure as failure:
-            result = result_message(request_id, start, count, error=failure.error)
-        payload = wire.encode(result, wire.MSGPACK)
+            result = WorkResult(item.request_id, item.start, item.count, error=failure.error)
+        payload = wire.encode(result.to_wire(), wire.MSGPACK)
         for _ in range(2 if self.duplicate else 1):
-            await nc.publish(headers[Header.REPLY], payload)
+            await nc.publish(item.reply, payload)
         await msg.ack()
 
     async def _beat(self, nc: Any) -> None:
         while True:
-            beat = {"worker_id": self.worker_id, "pool": self.pool, "bundle": self.bundle,
-                    "bundle_hash": "", "models": self.models, "queue_depth": 0, "in_flight": 0,
-                    "memory_rss": 0, "ready": True, "address": "", "ts": time.time()}
+            beat = WorkerHeartbeat(self.worker_id, self.pool, bundle=self.bundle,
+                                   models=self.models, ready=True)
             with contextlib.suppress(Exception):
                 await nc.publish(status_subject(self.pool, self.worker_id),
-                                 wire.encode(beat, wire.MSGPACK))
+                                 wire.encode(beat.to_wire(), wire.MSGPACK))
             await asyncio.sleep(0.3)

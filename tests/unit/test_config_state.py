@@ -58,7 +58,8 @@ def test_new_model_routes_to_bundles_serving_its_adapter(registry: Registry) -> 
     assert registry.bundle_hash("alpha") == bundle_config_hash(
         [registry.models["base/dense"], registry.models["org/new-dense"]])
     delta = change.delta()
-    assert delta["epoch"] == 1 and delta["model"] == change.model.to_dict()
+    assert delta.epoch == 1 and delta.model == change.model.to_dict()
+    assert delta.bundles == ("alpha", "beta")
 
 
 def test_plan_changes_nothing(registry: Registry) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from heron.runtime.configsync import apply_delta
-from heron.runtime.nats_names import config_delta
+from heron.runtime.protocol import ConfigDelta
 
 
 def snapshot() -> dict:
@@ -13,9 +13,9 @@ def snapshot() -> dict:
             "bundles": {"b1": {"adapters": ["dense"], "models": ["a"], "hash": "h3"}}}
 
 
-def delta(epoch: int, model_id: str = "m", bundles: tuple[str, ...] = ("b1",)) -> dict:
-    return config_delta(epoch=epoch, model={"id": model_id, "adapter": "dense"},
-                        bundles=list(bundles), bundles_hash={b: f"h{epoch}" for b in bundles})
+def delta(epoch: int, model_id: str = "m", bundles: tuple[str, ...] = ("b1",)) -> ConfigDelta:
+    return ConfigDelta(epoch, {"id": model_id, "adapter": "dense"}, bundles,
+                       {b: f"h{epoch}" for b in bundles})
 
 
 def test_a_newer_delta_applies() -> None:

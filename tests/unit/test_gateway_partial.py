@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from heron.gateway.reassembly import Added, Reassembly, merge_items
 from heron.gateway.slicing import Slice
+from heron.runtime.protocol import WorkResult
 
 
 def slices(*counts: int) -> list[Slice]:
@@ -15,14 +16,14 @@ def slices(*counts: int) -> list[Slice]:
     return out
 
 
-def ok(start: int, count: int) -> dict:
-    return {"start": start, "count": count,
-            "body": {"items": [{"dense": [float(start + i)]} for i in range(count)],
-                     "usage": {"tokens": count}}}
+def ok(start: int, count: int) -> WorkResult:
+    return WorkResult("r", start, count,
+                      body={"items": [{"dense": [float(start + i)]} for i in range(count)],
+                            "usage": {"tokens": count}})
 
 
-def failed(start: int, count: int, code: str = "INTERNAL") -> dict:
-    return {"start": start, "count": count, "error": {"code": code, "message": "x"}}
+def failed(start: int, count: int, code: str = "INTERNAL") -> WorkResult:
+    return WorkResult("r", start, count, error={"code": code, "message": "x"})
 
 
 def test_server_side_slice_failure_becomes_item_errors() -> None:

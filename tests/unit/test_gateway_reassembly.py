@@ -1,4 +1,5 @@
-"""Reassembly by start, duplicates ignored, slice errors, and the merge of ranked scores."""
+"""Reassembly by start, duplicates ignored, slice errors, and the merge of ranked scores.
+Results go through WorkResult.from_wire, as the dispatcher reads them off NATS."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ import pytest
 from heron.gateway.dispatcher import split_unaccounted
 from heron.gateway.reassembly import Added, Reassembly, merge_items, merge_scores, slice_error
 from heron.gateway.slicing import Slice
+from heron.runtime.protocol import ProtocolError, WorkResult
 from heron_sdk.errors import ErrorCode, HeronError
 
 
-def encode_result(start: int, count: int, tag: str = "") -> dict:
+def encode_wire(start: int, count: int, tag: str = "") -> dict:
+    """A worker's result for an encode slice as it arrives (decoded msgpack)."""
     items = [{"dense": [float(start + i)], "tokens": 2, "truncated": False, "tag": tag}
              for i in range(count)]
     return {"request_id": "r", "start": start, "count": count,
             "body": {"model": "m", "items": items, "usage": {"tokens": 2 * count}}}
+
+
+def encode_result(start: int, count: int, tag: str = "") -> WorkResult:
+    return WorkResult.from_wire(encode_wire(start, count, tag))
 
 
 SLICES = [Slice(0, 3), Slice(3, 3), Slice(6, 2)]
@@ -49,8 +56,9 @@ def test_unexpected_slices_are_ignored() -> None:
     r = Reassembly("r", SLICES)
     assert r.add(encode_result(1, 3)) is Added.UNEXPECTED  # no slice starts at 1
     assert r.add(encode_result(0, 2)) is Added.UNEXPECTED  # wrong count
-    assert r.add({"start": "0", "count": 3}) is Added.UNEXPECTED
     assert r.missing == 3
+    with pytest.raises(ProtocolError):  # the dispatcher drops it as malformed
+        WorkResult.from_wire({"request_id": "r", "start": "0", "count": 3})
 
 
 def test_a_slice_error_fails_the_request_with_shifted_item_index() -> None:
@@ -58,7 +66,8 @@ def test_a_slice_error_fails_the_request_with_shifted_item_index() -> None:
     r.add(encode_result(0, 3))
     error = {"code": "INPUT_TOO_LONG", "field": "items[1]",
              "message": "items[1]: longer than the model's 256 tokens and truncate is false"}
-    assert r.add({"request_id": "r", "start": 3, "count": 3, "error": error}) is Added.FAILED
+    failure = WorkResult.from_wire({"request_id": "r", "start": 3, "count": 3, "error": error})
+    assert r.add(failure) is Added.FAILED
     assert r.done and r.error is not None
     assert r.error.status == 422 and r.error.field == "items[4]"
     assert r.error.message.startswith("items[4]: longer")
@@ -75,7 +84,8 @@ def test_slice_error_codes_keep_their_status(code: str, status: int) -> None:
 
 def test_a_short_body_is_an_internal_error() -> None:
     r = Reassembly("r", [Slice(0, 2)])
-    r.add(encode_result(0, 2) | {"body": {"items": [{}], "usage": {"tokens": 1}}})
+    r.add(WorkResult.from_wire(encode_wire(0, 2) | {"body": {"items": [{}],
+                                                              "usage": {"tokens": 1}}}))
     with pytest.raises(HeronError) as err:
         merge_items("m", r.parts(), r.expected)
     assert err.value.code is ErrorCode.INTERNAL
@@ -123,10 +133,10 @@ def test_timings_are_the_last_answered_slice_whole_not_per_phase_maxima() -> Non
     than the request took; the slice that answered last is the request's critical path."""
     r = Reassembly("r", SLICES[:2])
     r.gateway_timings["publish"] = 0.001
-    first = {**encode_result(0, 3), "timings": {"batch_wait": 0.050, "inference": 0.010,
-                                                "total": 0.061}}
-    last = {**encode_result(3, 3), "timings": {"batch_wait": 0.005, "inference": 0.040,
-                                               "total": 0.046}}
+    first = WorkResult.from_wire({**encode_wire(0, 3), "timings": {
+        "batch_wait": 0.050, "inference": 0.010, "total": 0.061}})
+    last = WorkResult.from_wire({**encode_wire(3, 3), "timings": {
+        "batch_wait": 0.005, "inference": 0.040, "total": 0.046}})
     assert r.add(first) is Added.ACCEPTED and r.add(last) is Added.COMPLETE
     assert r.timings == {"publish": 0.001, "batch_wait": 0.005, "inference": 0.040,
                          "total": 0.046}

@@ -58,6 +58,7 @@ def test_bucket_messages_that_are_not_live_leases() -> None:
     assert lease_from_entry(value, None, "team-b") is None  # not the key it was written to
     assert lease_from_entry(b"{not json", None, "team-a") is None
     assert lease_from_entry(b'{"name": "team-a"}', None, "team-a") is None
+    assert lease_from_entry(b'["team-a"]', None, "team-a") is None  # JSON, but no lease
 
 
 def test_an_ended_pool_leaves_no_demand_behind() -> None:

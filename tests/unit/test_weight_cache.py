@@ -108,7 +108,7 @@ def test_a_pin_held_by_another_process_stops_eviction(cache: Path) -> None:
     model = fake_model("shared", 1000, used_hours_ago=5)
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from pathlib import Path; from worker.weight_cache import "
+         "import sys, time; from pathlib import Path; from heron.worker.weight_cache import "
          "pin_weights; pin_weights(Path(sys.argv[1])); print('pinned', flush=True); "
          "time.sleep(60)", str(model)],
         cwd=REPO, stdout=subprocess.PIPE, text=True, env={**os.environ})

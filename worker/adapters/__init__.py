@@ -1,17 +1,23 @@
-"""Model families. Adding one is one file: subclass Adapter and list it here."""
+"""Model families. Adding one is its file here plus one entry in the adapter table
+(heron/runtime/adapters.py, ``ADAPTER_FAMILIES``); the worker imports the class from there."""
 
+from __future__ import annotations
+
+import importlib
+
+from heron.runtime.adapters import adapter_family
 from heron.worker.adapters.base import Adapter, Batch, TextInput, Tokenized
-from heron.worker.adapters.cross_encoder import CrossEncoderAdapter
-from heron.worker.adapters.dense import DenseAdapter
-from heron.worker.adapters.multi_vector import MultiVectorAdapter
-from heron.worker.adapters.null import NullAdapter
-from heron.worker.adapters.sparse import SparseAdapter
-from heron.worker.adapters.token_classifier import TokenClassifierAdapter
 
-ADAPTERS: dict[str, type[Adapter]] = {
-    cls.name: cls
-    for cls in (DenseAdapter, SparseAdapter, MultiVectorAdapter, CrossEncoderAdapter,
-                TokenClassifierAdapter, NullAdapter)
-}
 
-__all__ = ["ADAPTERS", "Adapter", "Batch", "TextInput", "Tokenized"]
+def adapter_class(name: str) -> type[Adapter]:
+    """The worker's class for adapter ``name``, imported on first use from the table's
+    ``"module:Class"`` path (a model config's adapter loads only its own family's code)."""
+    module_name, _, class_name = adapter_family(name).implementation.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(cls, type) and issubclass(cls, Adapter) and cls.name == name):
+        raise TypeError(f"adapter table: {module_name}:{class_name} is not the Adapter "
+                        f"named {name!r}")
+    return cls
+
+
+__all__ = ["Adapter", "Batch", "TextInput", "Tokenized", "adapter_class"]

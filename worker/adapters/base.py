@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from heron.runtime.adapters import adapter_family
 from heron.runtime.modelconfig import ModelConfig, Profile
 from heron.worker.adapters import packing
 from heron.worker.adapters.packing import Packing
@@ -65,15 +66,23 @@ class Batch:
 
 
 class Adapter(ABC):
-    """Base of every model family. Subclasses set the class attributes and implement
-    ``load_model``, ``forward`` and ``postprocess``."""
+    """Base of every model family. Subclasses set ``name`` (their entry in the adapter
+    table, heron/runtime/adapters.py, which gives ``tasks``, ``task`` and ``output_types``),
+    the optional flags below, and implement ``load_model``, ``forward`` and ``postprocess``."""
 
     name: ClassVar[str]
-    task: ClassVar[str]  # "encode" | "score" | "extract"
-    output_types: ClassVar[frozenset[str]] = frozenset()
+    tasks: ClassVar[tuple[str, ...]]  # from the table: the calls its models answer
+    task: ClassVar[str]  # from the table: "encode" | "score" | "extract", what forward computes
+    output_types: ClassVar[frozenset[str]]  # from the table: what encode produces
     needs_offsets: ClassVar[bool] = False
     needs_special_mask: ClassVar[bool] = False
     supports_packing: ClassVar[bool] = False  # forward/postprocess handle Batch.packing
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # One source of truth: the torch-free gateway routes by the same table entry.
+        super().__init_subclass__(**kwargs)
+        family = adapter_family(cls.name)
+        cls.tasks, cls.task, cls.output_types = family.tasks, family.task, family.output_types
 
     def __init__(self, config: ModelConfig, profile: Profile) -> None:
         self.config = config

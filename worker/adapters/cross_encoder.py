@@ -12,7 +12,6 @@ from heron.worker.adapters.base import Adapter, Batch
 
 class CrossEncoderAdapter(Adapter):
     name = "cross_encoder"
-    task = "score"
 
     def load_model(self, path: Path) -> torch.nn.Module:
         return AutoModelForSequenceClassification.from_pretrained(str(path))

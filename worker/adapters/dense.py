@@ -9,14 +9,11 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel
 
-from heron.runtime.modelconfig import ADAPTER_OUTPUT_TYPES
 from heron.worker.adapters.base import Adapter, Batch, masked_mean, to_numpy
 
 
 class DenseAdapter(Adapter):
     name = "dense"
-    task = "encode"
-    output_types = ADAPTER_OUTPUT_TYPES["dense"]
     supports_packing = True
 
     def load_model(self, path: Path) -> torch.nn.Module:

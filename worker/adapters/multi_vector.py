@@ -13,14 +13,11 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel
 
-from heron.runtime.modelconfig import ADAPTER_OUTPUT_TYPES
 from heron.worker.adapters.base import Adapter, Batch, masked_mean, to_numpy
 
 
 class MultiVectorAdapter(Adapter):
     name = "multi_vector"
-    task = "encode"
-    output_types = ADAPTER_OUTPUT_TYPES["multi_vector"]
     needs_special_mask = True
 
     def load_model(self, path: Path) -> torch.nn.Module:

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer
 
-from heron.runtime.modelconfig import ADAPTER_OUTPUT_TYPES
 from heron.worker.adapters.base import Adapter, Batch
 
 DIMENSIONS = 384
@@ -20,8 +19,6 @@ DIMENSIONS = 384
 
 class NullAdapter(Adapter):
     name = "null"
-    task = "encode"
-    output_types = ADAPTER_OUTPUT_TYPES["null"]
 
     def load(self, path: Path, device: torch.device, dtype: torch.dtype) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))

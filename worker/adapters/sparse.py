@@ -8,15 +8,12 @@ import numpy as np
 import torch
 from transformers import AutoModelForMaskedLM
 
-from heron.runtime.modelconfig import ADAPTER_OUTPUT_TYPES
 from heron.worker.adapters.base import Adapter, Batch
 from heron_sdk.types import SparseVector
 
 
 class SparseAdapter(Adapter):
     name = "sparse"
-    task = "encode"
-    output_types = ADAPTER_OUTPUT_TYPES["sparse"]
 
     def load_model(self, path: Path) -> torch.nn.Module:
         return AutoModelForMaskedLM.from_pretrained(str(path))

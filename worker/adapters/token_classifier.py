@@ -17,7 +17,6 @@ from heron_sdk.types import Entity
 
 class TokenClassifierAdapter(Adapter):
     name = "token_classifier"
-    task = "extract"
     needs_offsets = True
 
     def load_model(self, path: Path) -> torch.nn.Module:

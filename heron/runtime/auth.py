@@ -1,23 +1,27 @@
-"""API keys for the gateway's inference API (HERON_API_KEYS, comma-separated).
+"""API keys for the public inference API (HERON_API_KEYS, comma-separated), on every server
+that serves it: ``heron serve``, a worker's own HTTP API and the gateway.
 
-When set, every /v1/ route needs ``Authorization: Bearer <key>``; /healthz, /readyz and
-/metrics stay open. These keys only ever authorise inference: config writes belong to the
-config service and its admin token.
+When set, every /v1/ route needs ``Authorization: Bearer <key>``; /healthz, /readyz,
+/metrics, /openapi.json, /docs (and the gateway's cluster page) stay open. These keys only
+ever authorise inference: config writes belong to the config service and its admin token.
 """
 
 from __future__ import annotations
 
 import os
 
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from heron.runtime.http import error_response, require_bearer
 from heron_sdk.errors import HeronError
 
+API_KEYS_ENV = "HERON_API_KEYS"
+
 
 def api_keys_from_env() -> set[str]:
-    return {k.strip() for k in os.environ.get("HERON_API_KEYS", "").split(",") if k.strip()}
+    return {k.strip() for k in os.environ.get(API_KEYS_ENV, "").split(",") if k.strip()}
 
 
 class ApiKeyMiddleware:
@@ -35,3 +39,10 @@ class ApiKeyMiddleware:
                 await error_response(request, exc)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def api_key_middleware(keys: set[str] | None = None) -> list[Middleware]:
+    """The middleware list of a server with the inference API: none without keys, so an
+    open server pays nothing per request for the check."""
+    keys = api_keys_from_env() if keys is None else keys
+    return [Middleware(ApiKeyMiddleware, keys=keys)] if keys else []

@@ -1,0 +1,349 @@
+"""The JSON wire shapes of Heron's HTTP bodies, as typed dicts: what the OpenAPI document
+(heron/runtime/openapi.py) is generated from.
+
+The servers parse requests with heron_sdk.types (``EncodeRequest.from_wire`` ...) and
+heron/runtime/openai_compat.py; these types describe the same bodies for the document, with
+the limits taken from the same constants. tests/unit/test_openapi.py checks that every body
+these schemas allow is one the parsers accept. Under msgpack the shapes are the same, with
+numpy arrays where JSON has lists of numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, NotRequired, TypedDict
+
+from heron.runtime.json_schema import closed, schema
+from heron_sdk.errors import STATUS_BY_CODE, ErrorCode
+from heron_sdk.pools import MAX_POOL_WORKERS, MAX_TTL_S, MIN_TTL_S, POOL_NAME_RE
+from heron_sdk.types import MAX_INTEGER, MAX_ITEMS_PER_REQUEST, MAX_TEXT_CHARS
+
+# ---- requests ------------------------------------------------------------------------------
+Text = Annotated[str, schema(maxLength=MAX_TEXT_CHARS,
+                             description=f"At most {MAX_TEXT_CHARS:,} characters (413 past it).")]
+
+
+class ItemObject(TypedDict):
+    """An item with an id the result echoes (as a string)."""
+
+    text: Text
+    id: NotRequired[str | int | None]
+
+
+Items = Annotated[list[Text | ItemObject], schema(
+    minItems=1, maxItems=MAX_ITEMS_PER_REQUEST,
+    description=f"1 to {MAX_ITEMS_PER_REQUEST} texts: strings or {{text, id}} objects "
+                "(413 TOO_MANY_ITEMS past the limit).")]
+Encoding = Literal["float", "base64"]
+OutputType = Literal["dense", "sparse", "multi_vector"]
+OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary"]
+PositiveInt = Annotated[int, schema(minimum=1, maximum=MAX_INTEGER)]
+
+
+class RequestOptionsBody(TypedDict):
+    """Options every inference request takes; null means the default."""
+
+    truncate: NotRequired[Annotated[bool | None, schema(default=True)]]
+    priority: NotRequired[Annotated[int | None, schema(minimum=0, maximum=MAX_INTEGER,
+                                                          default=0)]]
+    timeout_s: NotRequired[Annotated[float | None, schema(exclusiveMinimum=0)]]
+    encoding: NotRequired[Annotated[Encoding | None, schema(default="float")]]
+
+
+class EncodeBody(RequestOptionsBody):
+    """POST /v1/encode/{model}."""
+
+    items: Items
+    output_types: NotRequired[Annotated[list[OutputType] | None, schema(
+        minItems=1, default=["dense"])]]
+    output_dtype: NotRequired[Annotated[OutputDtype | None, schema(default="float32")]]
+    dims: NotRequired[PositiveInt | None]
+    is_query: NotRequired[Annotated[bool | None, schema(default=False)]]
+    instruction: NotRequired[str | None]
+
+
+class ScoreBody(RequestOptionsBody):
+    """POST /v1/score/{model}."""
+
+    query: Text
+    items: Items
+    top_k: NotRequired[PositiveInt | None]
+
+
+class ExtractBody(RequestOptionsBody):
+    """POST /v1/extract/{model}."""
+
+    items: Items
+    labels: NotRequired[list[Annotated[str, schema(minLength=1)]] | None]
+    threshold: NotRequired[Annotated[float | None, schema(minimum=0, maximum=1, default=0)]]
+
+
+class EmbeddingsBody(TypedDict):
+    """POST /v1/embeddings (OpenAI-compatible); other OpenAI fields are ignored."""
+
+    model: Annotated[str, schema(minLength=1)]
+    input: Text | Annotated[list[Text], schema(minItems=1, maxItems=MAX_ITEMS_PER_REQUEST)]
+    encoding_format: NotRequired[Annotated[Encoding | None, schema(default="float")]]
+    dimensions: NotRequired[PositiveInt | None]
+
+
+# ---- inference responses ---------------------------------------------------------------------
+class Base64Array(TypedDict):
+    """An array under ``encoding: "base64"``: its raw little-endian bytes in base64."""
+
+    b64: str
+    dtype: Literal["float32", "float16", "int8", "uint8", "int32"]
+    shape: list[int]
+
+
+Vector = list[float] | Base64Array
+Matrix = list[list[float]] | Base64Array
+
+
+class SparseEmbedding(TypedDict):
+    """Vocabulary ids (ascending) and their weights."""
+
+    indices: list[int] | Base64Array
+    values: Vector
+
+
+class Usage(TypedDict):
+    tokens: int
+
+
+class EncodedItem(TypedDict):
+    """One item's outputs: a key per requested output type."""
+
+    dense: NotRequired[Vector]
+    sparse: NotRequired[SparseEmbedding]
+    multi_vector: NotRequired[Matrix]
+    tokens: int
+    truncated: bool
+    id: NotRequired[str]
+
+
+class ErrorDetail(TypedDict):
+    code: ErrorCode
+    message: str
+    field: NotRequired[str]
+
+
+class ErrorBody(TypedDict):
+    """Every error answer (and, from a gateway, an item whose slice failed)."""
+
+    error: ErrorDetail
+
+
+class EncodeResponse(TypedDict):
+    model: str
+    items: list[EncodedItem | ErrorBody]
+    usage: Usage
+    errors: NotRequired[Annotated[int, schema(description="Items that failed (gateway).")]]
+
+
+class ScoredDocument(TypedDict):
+    index: int
+    score: float
+    rank: int
+    id: NotRequired[str]
+    truncated: NotRequired[bool]
+
+
+class ScoreResponse(TypedDict):
+    """Results best first; top_k keeps the best."""
+
+    model: str
+    results: list[ScoredDocument]
+    usage: Usage
+
+
+class EntitySpan(TypedDict):
+    label: str
+    text: str
+    start: int
+    end: int
+    score: float
+
+
+class ExtractedItem(TypedDict):
+    entities: list[EntitySpan]
+    tokens: int
+    truncated: bool
+    id: NotRequired[str]
+
+
+class ExtractResponse(TypedDict):
+    model: str
+    items: list[ExtractedItem | ErrorBody]
+    usage: Usage
+    errors: NotRequired[int]
+
+
+class EmbeddingData(TypedDict):
+    object: Literal["embedding"]
+    index: int
+    embedding: Annotated[list[float] | str, schema(
+        description="float: a list; base64: the little-endian float32 bytes.")]
+
+
+class EmbeddingsUsage(TypedDict):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(TypedDict):
+    object: Literal["list"]
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class ProvisioningBody(TypedDict):
+    """202 from a gateway: the pool has no healthy worker yet; retry after Retry-After."""
+
+    status: Literal["provisioning"]
+    pool: str
+    bundle: str
+    estimated_wait_s: float
+
+
+# ---- models, health ------------------------------------------------------------------------
+ModelState = Literal["not_loaded", "loading", "ready", "failed", "no_workers"]
+
+
+class ModelInfo(TypedDict):
+    """A model as /v1/models shows it; the load-time fields appear once it is loaded."""
+
+    id: str
+    object: Literal["model"]
+    owned_by: str
+    adapter: str
+    aliases: list[str]
+    state: ModelState
+    task: NotRequired[str]
+    tasks: NotRequired[list[str]]
+    output_types: NotRequired[list[OutputType]]
+    max_sequence_length: NotRequired[int]
+    device: NotRequired[str]
+    dtype: NotRequired[str]
+    dimensions: NotRequired[int]
+    error: NotRequired[str]
+    bundle: NotRequired[str]
+    pool: NotRequired[str]
+    description: NotRequired[str]
+
+
+class ModelList(TypedDict):
+    object: Literal["list"]
+    data: list[ModelInfo]
+
+
+class ProvisionAnswer(TypedDict):
+    """200 of /v1/models/{model}/provision: the model is loaded and warm."""
+
+    model: str
+    state: Literal["ready"]
+    pool: NotRequired[str]
+    healthy_workers: NotRequired[int]
+
+
+class HealthBody(TypedDict):
+    status: Literal["ok"]
+
+
+class GatewayPoolStatus(TypedDict):
+    bundle: str
+    kind: Literal["lease", "static"]
+    healthy_workers: int
+    outstanding_items: int
+
+
+class ReadinessBody(TypedDict):
+    """/readyz: 200 once the server takes inference requests, else 503 with Retry-After.
+    ``status`` is loading while models warm up, failed when a preloaded model failed, and
+    disconnected while NATS is away (cluster processes)."""
+
+    status: Literal["ready", "loading", "failed", "disconnected"]
+    models: dict[str, ModelState]
+    nats_connected: NotRequired[bool]
+    # gateway only
+    registry_loaded: NotRequired[bool]
+    gateway_id: NotRequired[str]
+    pools: NotRequired[dict[str, GatewayPoolStatus]]
+    error: NotRequired[str]
+
+
+# ---- pools (gateway) -----------------------------------------------------------------------
+PoolName = Annotated[str, schema(pattern=POOL_NAME_RE.pattern)]
+TtlSeconds = Annotated[float, schema(minimum=MIN_TTL_S, maximum=MAX_TTL_S)]
+
+
+@closed
+class PoolCreateBody(TypedDict):
+    """POST /v1/pools: lease a pool of workers serving ``bundle``."""
+
+    name: PoolName
+    bundle: Annotated[str, schema(minLength=1)]
+    workers: NotRequired[Annotated[int, schema(minimum=0, maximum=MAX_POOL_WORKERS)]]
+    ttl_s: NotRequired[TtlSeconds]
+
+
+@closed
+class PoolRenewBody(TypedDict):
+    """POST /v1/pools/{name}/renew; an empty body keeps the lease's TTL."""
+
+    ttl_s: NotRequired[TtlSeconds]
+
+
+class PoolView(TypedDict):
+    name: str
+    bundle: str
+    kind: Literal["lease", "static"]
+    state: Literal["ready", "provisioning"]
+    healthy_workers: int
+    workers: NotRequired[int]
+    ttl_s: NotRequired[float]
+    created_at: NotRequired[float]
+    renewed_at: NotRequired[float]
+    expires_at: NotRequired[float]
+    expires_in_s: NotRequired[float]
+
+
+class PoolList(TypedDict):
+    object: Literal["list"]
+    data: list[PoolView]
+
+
+class PoolDeleted(TypedDict):
+    name: str
+    deleted: Literal[True]
+
+
+def error_statuses(*statuses: int) -> dict[int, type]:
+    """``{status: ErrorBody}`` for ``responses`` of an ApiOperation; every status must be
+    one heron_sdk.errors gives some code."""
+    known = set(STATUS_BY_CODE.values())
+    unknown = [s for s in statuses if s not in known]
+    if unknown:
+        raise ValueError(f"no error code answers {unknown}")
+    return dict.fromkeys(statuses, ErrorBody)
+
+
+# ---- what each inference route answers (ApiOperation.responses) -----------------------------
+# 400/413/415/422 (a body is read), 404 (a path names a model) and 401/403 (API keys) are
+# added by the document itself; 202 comes from a gateway only.
+_INFERENCE_ERRORS = error_statuses(404, 429, 500, 502, 503, 504)
+ENCODE_RESPONSES: dict[int, type | None] = {200: EncodeResponse, 202: ProvisioningBody,
+                                            **_INFERENCE_ERRORS}
+SCORE_RESPONSES: dict[int, type | None] = {200: ScoreResponse, 202: ProvisioningBody,
+                                           **_INFERENCE_ERRORS}
+EXTRACT_RESPONSES: dict[int, type | None] = {200: ExtractResponse, 202: ProvisioningBody,
+                                             **_INFERENCE_ERRORS}
+EMBEDDINGS_RESPONSES: dict[int, type | None] = {200: EmbeddingsResponse,
+                                                202: ProvisioningBody, **_INFERENCE_ERRORS}
+PROVISION_RESPONSES: dict[int, type | None] = {
+    200: ProvisionAnswer, 202: ProvisioningBody, **error_statuses(404, 500, 502, 503)}
+MODEL_LIST_RESPONSES: dict[int, type | None] = {200: ModelList}
+MODEL_RESPONSES: dict[int, type | None] = {200: ModelInfo}
+HEALTH_RESPONSES: dict[int, type | None] = {200: HealthBody}
+READY_RESPONSES: dict[int, type | None] = {200: ReadinessBody, 503: ReadinessBody}
+METRICS_RESPONSES: dict[int, type | None] = {200: str}  # Prometheus text exposition

@@ -1,0 +1,266 @@
+"""Live servers answer as their OpenAPI document says: schemathesis sends bodies the document
+allows and bodies it refuses (JSON and msgpack) to `heron serve` and to the gateway of a real
+cluster (nats-server, a `heron worker`), and every answer must be documented, match its
+schema, never be a 5xx, and refuse what the document refuses. The document each server
+serves at /openapi.json is the one generated from its declared operations, and /docs shows
+it with assets from the installed swagger-ui-bundle package."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import msgpack
+import msgpack_numpy
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.config import SchemathesisConfig
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from heron.gateway.routes import GATEWAY_OPERATIONS
+from heron.gateway.settings import GatewaySettings
+from heron.runtime.front import INFERENCE_OPERATIONS
+from heron.runtime.openapi import ApiOperation, openapi_document
+from heron_sdk.results import jsonable
+from tests.support.gateway_harness import GatewayThread, unique, write_bundles
+from tests.support.nats_server import NatsServer
+
+# The session bundle's tiny models, one per family (fast on 2 cores), and one name that
+# is not served: path parameters and the embeddings `model` are drawn from these.
+MODELS = ["tiny-dense-cls", "tiny-sparse", "tiny-multi-vector", "tiny-cross-encoder",
+          "tiny-ner", "test/tiny-dense-cls", "no-such-model"]
+# Per operation and mode; an operation with fewer distinct cases stops sooner. Measured on
+# the 2-core CI machine: about 20-40 ms a case, the whole file 45-70 s.
+MAX_EXAMPLES = 100
+CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance,
+          response_headers_conformance]
+# A schema-violating body must get a 4xx the document lists (413: over a limit).
+REFUSALS = ["400", "401", "403", "404", "413", "415", "422"]
+# Valid bodies are kept this small (small_bodies); invalid ones use the real limits.
+SMALL_ITEMS, SMALL_TEXT = 8, 2000
+# A deadline the caller set shorter than this may honestly end in 504 DEADLINE_EXCEEDED.
+UNMEETABLE_DEADLINE_S = 1.0
+
+
+@schemathesis.serializer("application/msgpack")
+def _msgpack_body(ctx: Any, value: Any) -> bytes:
+    try:
+        return msgpack.packb(value, default=msgpack_numpy.encode)
+    except (OverflowError, TypeError, ValueError):
+        return b"\xc1"  # not msgpack (an int past 64 bits): a 400, as any undecodable body
+
+
+@schemathesis.deserializer("application/msgpack")
+def _msgpack_answer(ctx: Any, response: Any) -> Any:
+    return jsonable(msgpack.unpackb(response.content, object_hook=msgpack_numpy.decode))
+
+
+def served_document(url: str, operations: tuple[ApiOperation, ...], title: str
+                    ) -> dict[str, Any]:
+    """The server's /openapi.json, checked to be the document of its declared operations."""
+    served = httpx.get(url + "/openapi.json", timeout=30).json()
+    expected = openapi_document(operations, title=title, version=served["info"]["version"])
+    assert served == json.loads(json.dumps(expected))
+    return served
+
+
+def with_known_models(document: dict[str, Any]) -> dict[str, Any]:
+    """The document with model names drawn from MODELS (else nearly every case is a 404)."""
+    out = copy.deepcopy(document)
+    for item in out["paths"].values():
+        for op in item.values():
+            for param in op.get("parameters", []):
+                if param["name"] == "model":
+                    param["schema"] = {"type": "string", "enum": MODELS}
+    out["components"]["schemas"]["EmbeddingsBody"]["properties"]["model"] = {
+        "type": "string", "enum": MODELS}
+    return out
+
+
+def small_bodies(document: dict[str, Any]) -> dict[str, Any]:
+    """The document with valid bodies kept small: at most SMALL_ITEMS items of at most
+    SMALL_TEXT characters. Every body it allows, the real document allows, and the servers
+    answer in milliseconds (2048 long texts could honestly take the gateway's 30 s default
+    deadline on 2 busy cores). Invalid bodies come from the real document."""
+    out = copy.deepcopy(document)
+
+    def clamp(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("maxItems", 0) > SMALL_ITEMS:
+                node["maxItems"] = SMALL_ITEMS
+            if node.get("maxLength", 0) > SMALL_TEXT:
+                node["maxLength"] = SMALL_TEXT
+            for value in node.values():
+                clamp(value)
+        elif isinstance(node, list):
+            for value in node:
+                clamp(value)
+
+    for name, component in out["components"]["schemas"].items():
+        if name.endswith("Body") or name == "ItemObject":
+            clamp(component)
+    return out
+
+
+def deadline_too_short(case: Any, response: Any) -> bool:
+    body = case.body if isinstance(case.body, dict) else {}
+    timeout_s = body.get("timeout_s")
+    return (response.status_code == 504 and isinstance(timeout_s, int | float)
+            and timeout_s < UNMEETABLE_DEADLINE_S)
+
+
+def fuzz(url: str, document: dict[str, Any], path: str, method: str) -> list[str]:
+    """Send MAX_EXAMPLES valid and invalid cases to one operation; the failures, described."""
+    config = SchemathesisConfig.from_dict(
+        {"checks": {"negative_data_rejection": {"expected-statuses": REFUSALS}}})
+    operations = {
+        mode: schemathesis.openapi.from_dict(
+            small_bodies(document) if mode is schemathesis.GenerationMode.POSITIVE
+            else document, config=config)[path][method.upper()]
+        for mode in schemathesis.GenerationMode}
+    failures: list[str] = []
+    statuses: Counter[int] = Counter()
+    sent: Counter[str | None] = Counter()  # the bodies' content types
+    spec = document["paths"][path][method]
+    modes = [schemathesis.GenerationMode.POSITIVE]
+    if "requestBody" in spec or "parameters" in spec:  # something to make invalid
+        modes.append(schemathesis.GenerationMode.NEGATIVE)
+    for mode in modes:
+        fuzz_mode(url, operations[mode], mode, failures, statuses, sent)
+    print(f"{method.upper()} {path}: {dict(sorted(statuses.items()))} {dict(sent)}")
+    for media in spec.get("requestBody", {}).get("content", {}):
+        if not sent[media]:
+            failures.append(f"no body was sent as {media}")
+    names_a_model = "{model}" in path or path == "/v1/embeddings"
+    if names_a_model and not any(200 <= status < 300 for status in statuses):
+        failures.append("no request was answered 2xx")  # the served models answer some
+    return failures
+
+
+def fuzz_mode(url: str, operation: Any, mode: schemathesis.GenerationMode,
+              failures: list[str], statuses: Counter[int], sent: Counter[str | None]
+              ) -> None:
+    checks = CHECKS + ([negative_data_rejection]
+                       if mode is schemathesis.GenerationMode.NEGATIVE else [])
+
+    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(operation.as_strategy(generation_mode=mode))
+    def one_case(case: Any) -> None:
+        response = case.call(base_url=url, timeout=60)
+        statuses[response.status_code] += 1
+        sent[case.media_type] += 1
+        problem = None
+        if response.status_code >= 500 and not deadline_too_short(case, response):
+            problem = "server error"
+        else:
+            try:
+                case.validate_response(response, checks=checks)
+            except (Exception, BaseExceptionGroup) as exc:  # schemathesis' FailureGroup
+                problem = " / ".join(str(exc).split("\n\n")[:3])
+        if problem is not None:
+            failures.append(f"{mode.value} {response.status_code} {problem} "
+                            f"body={repr(case.body)[:300]} answer={response.content[:300]!r}")
+
+    try:
+        one_case()
+    except Unsatisfiable:  # e.g. a {name} path parameter: nothing invalid can be sent
+        assert mode is schemathesis.GenerationMode.NEGATIVE
+
+
+def operations_of(operations: tuple[ApiOperation, ...]) -> list[tuple[str, str]]:
+    return [(op.path, op.method.lower()) for op in operations]
+
+
+@pytest.fixture(scope="module")
+def serve_document(base_url: str) -> dict[str, Any]:
+    return with_known_models(served_document(base_url, INFERENCE_OPERATIONS, "Heron"))
+
+
+@pytest.fixture(scope="module")
+def gateway_document(cluster_url: str) -> dict[str, Any]:
+    return with_known_models(served_document(
+        cluster_url, (*INFERENCE_OPERATIONS, *GATEWAY_OPERATIONS), "Heron gateway"))
+
+
+@pytest.mark.parametrize(("path", "method"), operations_of(INFERENCE_OPERATIONS))
+def test_heron_serve_answers_as_documented(base_url: str, serve_document: dict[str, Any],
+                                           path: str, method: str) -> None:
+    failures = fuzz(base_url, serve_document, path, method)
+    assert not failures, f"{len(failures)} answers broke the document:\n" + "\n".join(
+        failures[:5])
+
+
+@pytest.mark.parametrize(("path", "method"),
+                         operations_of((*INFERENCE_OPERATIONS, *GATEWAY_OPERATIONS)))
+def test_the_gateway_answers_as_documented(cluster_url: str,
+                                           gateway_document: dict[str, Any],
+                                           path: str, method: str) -> None:
+    failures = fuzz(cluster_url, gateway_document, path, method)
+    assert not failures, f"{len(failures)} answers broke the document:\n" + "\n".join(
+        failures[:5])
+
+
+@pytest.fixture(scope="module")
+def cold_gateway_url(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
+                     ) -> Iterator[str]:
+    """A gateway whose one pool has no worker: every inference request is a 202."""
+    root = write_bundles(tmp_path_factory.mktemp("cold-bundles"),
+                         {"cold": ["dense", "rerank", "ner"]})
+    gateway = GatewayThread(nats_server.url, {"cold": unique("cold")}, root,
+                            GatewaySettings(startup_grace_s=0.2)).start()
+    try:
+        yield gateway.url
+    finally:
+        gateway.stop()
+
+
+@pytest.mark.parametrize("media_type", ["application/json", "application/msgpack"])
+def test_a_provisioning_answer_is_documented(cold_gateway_url: str, media_type: str) -> None:
+    document = served_document(cold_gateway_url, (*INFERENCE_OPERATIONS, *GATEWAY_OPERATIONS),
+                               "Heron gateway")
+    schema = schemathesis.openapi.from_dict(document)
+    calls = [("/v1/encode/{model}", "cold-dense", {"items": ["a"]}),
+             ("/v1/score/{model}", "cold-rerank", {"query": "q", "items": ["a"]}),
+             ("/v1/extract/{model}", "cold-ner", {"items": ["a"]}),
+             ("/v1/models/{model}/provision", "cold-dense", None),
+             ("/v1/embeddings", None, {"model": "cold-dense", "input": "a"})]
+    for path, model, body in calls:
+        operation = schema[path]["POST"]
+        params = {} if model is None else {"path_parameters": {"model": model}}
+        if body is not None:
+            params.update(body=body, media_type=media_type if model else "application/json")
+        case = operation.Case(**params)
+        response = case.call(base_url=cold_gateway_url, timeout=30,
+                             headers={"Accept": media_type})
+        assert response.status_code == 202, (path, response.content[:300])
+        assert int(response.headers["retry-after"][0]) >= 1  # schemathesis lower-cases names
+        case.validate_response(response, checks=CHECKS)
+
+
+def test_docs_page_serves_swagger_ui_from_the_package(base_url: str) -> None:
+    page = httpx.get(base_url + "/docs", timeout=30)
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert "http://" not in page.text and "https://" not in page.text  # no CDN
+    assert 'url: "openapi.json"' in page.text
+    for asset in ("swagger-ui.css", "swagger-ui-bundle.js", "swagger-ui-standalone-preset.js"):
+        assert f'"docs/{asset}"' in page.text
+        answer = httpx.get(f"{base_url}/docs/{asset}", timeout=30)
+        assert answer.status_code == 200, asset
+        assert len(answer.content) > 1000
+    missing = httpx.get(base_url + "/docs/no-such-asset.js", timeout=30)
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "NOT_FOUND"

@@ -1,0 +1,228 @@
+"""NatsLink, the NATS connection of the gateway, the worker and the config service, against
+real nats-servers: it connects when the server starts late, sets up again after a restart
+that lost the store, fails over between several URLs, reports a setup that fails, and
+closes at once while still connecting; and a worker, on its own, declares its pool's
+stream again after a restart that lost the store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
+from nats.js.errors import NotFoundError
+
+from heron.runtime.nats_link import NatsLink
+from heron.runtime.nats_names import (
+    WorkStreamSpec,
+    ensure_work_stream,
+    work_consumer,
+    work_stream,
+)
+from heron_sdk.types import EncodeRequest, Item
+from tests.integration.test_worker_queue import _roundtrip as roundtrip
+from tests.support.cluster_procs import WorkerProcess
+from tests.support.nats_server import NatsServer
+from tests.support.servers import free_port
+
+
+class StreamHook:
+    """A setup hook as the components have: declare a pool's work stream; count the calls
+    and the ones that succeeded."""
+
+    def __init__(self) -> None:
+        self.pool = f"p{uuid.uuid4().hex[:8]}"
+        self.calls = 0
+        self.done = 0
+
+    async def __call__(self, nc: NatsClient, js: JetStreamContext) -> None:
+        self.calls += 1
+        await ensure_work_stream(js, WorkStreamSpec(pool=self.pool))
+        self.done += 1
+
+
+async def until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what} not within {timeout_s}s"
+        await asyncio.sleep(0.05)
+
+
+async def stream_exists(url: str, pool: str) -> bool:
+    nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+    try:
+        await nc.jetstream().stream_info(work_stream(pool))
+        return True
+    except NotFoundError:
+        return False
+    finally:
+        await nc.close()
+
+
+@pytest.fixture()
+def servers(tmp_path: Path) -> Iterator[list[NatsServer]]:
+    """Two independent nats-servers, not started: each test starts what it needs."""
+    made = [NatsServer(tmp_path / "a"), NatsServer(tmp_path / "b")]
+    yield made
+    for server in made:
+        server.stop()
+
+
+def started(link: NatsLink) -> NatsLink:
+    link.start()
+    return link
+
+
+async def closing(link: NatsLink, body: Callable[[], Awaitable[None]]) -> None:
+    try:
+        await body()
+    finally:
+        await link.close()
+
+
+async def test_connects_when_the_server_starts_late(servers: list[NatsServer],
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    server, hook = servers[0], StreamHook()
+    link = started(NatsLink(server.url, name="late", setup=hook))
+
+    async def body() -> None:
+        await asyncio.sleep(1.2)  # a few refused tries
+        assert not link.connected and not link.ready and hook.calls == 0
+        assert link.last_error is not None and "cannot reach NATS" in link.last_error
+        await asyncio.to_thread(server.start)
+        await asyncio.wait_for(link.wait_set_up(), 15)
+        assert link.ready and link.last_error is None and hook.calls == 1
+        assert link.connected_url == server.url
+        assert await stream_exists(server.url, hook.pool)
+        # Lines come under the component's logger: the hook's package + ".nats".
+        assert any(r.name == "tests.integration.nats" and "connected to NATS" in r.getMessage()
+                   for r in caplog.records)
+
+    await closing(link, body)
+
+
+async def test_a_restart_that_lost_the_store_gets_its_streams_back(
+        servers: list[NatsServer], tmp_path: Path) -> None:
+    server, hook = servers[0], StreamHook()
+    await asyncio.to_thread(server.start)
+    link = started(NatsLink(server.url, name="restart", setup=hook, on_reconnect=hook))
+
+    async def body() -> None:
+        await asyncio.wait_for(link.wait_set_up(), 15)
+        await asyncio.to_thread(server.stop)
+        await until(lambda: not link.connected, 5, "the disconnect noticed")
+        assert not link.ready and link.last_error is not None
+        # The same port, an empty store: the stream is gone until someone declares it.
+        servers.append(NatsServer(tmp_path / "fresh", port=server.port))
+        await asyncio.to_thread(servers[-1].start)
+        await until(lambda: link.ready and hook.done == 2, 15, "reconnect and re-setup")
+        assert link.last_error is None
+        assert await stream_exists(server.url, hook.pool)
+
+    await closing(link, body)
+
+
+async def test_several_urls_one_dead_and_failover(servers: list[NatsServer]) -> None:
+    a, b = servers
+    await asyncio.to_thread(a.start)
+    dead = f"nats://127.0.0.1:{free_port()}"
+    hook = StreamHook()
+    # The form of --nats / HERON_NATS_URL for a NATS cluster: comma-separated.
+    link = started(NatsLink(f"{dead}, {a.url},{b.url}", name="multi", setup=hook,
+                            on_reconnect=hook))
+
+    async def body() -> None:
+        assert link.servers == [dead, a.url, b.url]
+        await asyncio.wait_for(link.wait_set_up(), 15)
+        assert link.connected_url == a.url  # b is not up yet, the first one never is
+        await asyncio.to_thread(b.start)
+        await asyncio.to_thread(a.stop)
+        await until(lambda: link.connected_url == b.url, 15, "failover to the other server")
+        # b never had the stream: the reconnect hook declared it there.
+        await until(lambda: hook.done == 2, 15, "re-setup on b")
+        assert link.last_error is None
+        assert await stream_exists(b.url, hook.pool)
+        assert link.ready
+
+    await closing(link, body)
+
+
+async def test_a_failing_setup_is_reported_and_retried(servers: list[NatsServer]) -> None:
+    server, hook = servers[0], StreamHook()
+    await asyncio.to_thread(server.start)
+    nc = await nats.connect(server.url)
+    js = nc.jetstream()
+    # Someone declared the pool's stream with other settings: the setup must not reuse it.
+    await js.add_stream(StreamConfig(name=work_stream(hook.pool),
+                                     subjects=[f"other.{hook.pool}.>"]))
+    link = started(NatsLink(server.url, name="mismatch", setup=hook))
+
+    async def body() -> None:
+        await until(lambda: hook.calls >= 1 and link.last_error is not None, 10, "a failure")
+        assert link.connected and not link.ready
+        assert "other settings" in (link.last_error or "")
+        await js.delete_stream(work_stream(hook.pool))
+        await asyncio.wait_for(link.wait_set_up(), 15)  # retried with a backoff
+        assert link.ready and link.last_error is None and hook.calls >= 2
+
+    try:
+        await closing(link, body)
+    finally:
+        await nc.close()
+
+
+async def test_close_while_connecting_is_prompt(servers: list[NatsServer]) -> None:
+    server, hook = servers[0], StreamHook()
+    link = started(NatsLink(server.url, name="closing", setup=hook))
+    await asyncio.sleep(0.7)
+    began = time.monotonic()
+    await link.close()
+    assert time.monotonic() - began < 1.0
+    await asyncio.to_thread(server.start)
+    await asyncio.sleep(1.5)  # nothing keeps trying in the background
+    assert link.nc is None and not link.connected and hook.calls == 0
+
+
+def test_a_worker_declares_its_stream_again_when_nats_lost_its_store(tmp_path: Path) -> None:
+    """No gateway around: the worker itself brings its pool's stream and consumer back, and
+    consumes from them."""
+    server = NatsServer(tmp_path / "nats").start()
+    fresh = NatsServer(tmp_path / "fresh", port=server.port)
+    pool = f"p{uuid.uuid4().hex[:8]}"
+    worker = WorkerProcess(server.url, pool, tmp_path)
+    try:
+        worker.wait_ready()
+        assert asyncio.run(stream_exists(server.url, pool))
+        server.stop()
+        fresh.start()  # the same address, an empty store
+
+        async def consumer_back() -> None:
+            deadline = time.monotonic() + 20
+            while True:
+                nc = await nats.connect(server.url)
+                try:
+                    await nc.jetstream().consumer_info(work_stream(pool), work_consumer(pool))
+                    return
+                except NotFoundError:
+                    assert time.monotonic() < deadline, "the worker never declared again"
+                finally:
+                    await nc.close()
+                await asyncio.sleep(0.2)
+
+        asyncio.run(consumer_back())
+        body = EncodeRequest(items=[Item("after the restart")]).to_wire()
+        results = asyncio.run(roundtrip(server.url, pool, [("r1", body, None)], timeout_s=30))
+        assert "error" not in results["r1"] and len(results["r1"]["body"]["items"]) == 1
+    finally:
+        worker.stop()
+        fresh.stop()
+        server.stop()
