@@ -104,7 +104,9 @@ class LocalBackend:
 
     @property
     def ready(self) -> bool:
-        return self.registry.ready and (self.cluster is None or self.cluster.connected)
+        # In queue mode, ready means consuming the pool's work, as the heartbeat says: a
+        # worker connected to NATS whose consumer cannot be created serves no one.
+        return self.registry.ready and (self.cluster is None or self.cluster.consuming)
 
     # ---- inference ---------------------------------------------------------------------
     async def encode(self, model: str, req: EncodeRequest, call: InferenceCall) -> Answer:
@@ -152,11 +154,14 @@ class LocalBackend:
             status = "ready"
         elif any(e.state is LoadState.FAILED for e in entries):
             status = "failed"
-        elif self.registry.ready:  # models are warm: only NATS is missing
+        elif self.registry.ready:  # models are warm: NATS, or the consumer, is missing
             status = "disconnected"
         else:
             status = "loading"
-        return Readiness(status, states, connected)
+        details = {}
+        if self.cluster is not None and not self.ready and self.cluster.last_error:
+            details["error"] = self.cluster.last_error
+        return Readiness(status, states, connected, details)
 
     def canonical_id(self, name: str) -> str | None:
         return self.registry.canonical_id(name)

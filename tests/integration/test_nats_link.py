@@ -2,7 +2,7 @@
 real nats-servers: it connects when the server starts late, sets up again after a restart
 that lost the store, fails over between several URLs, reports a setup that fails, and
 closes at once while still connecting; and a worker, on its own, declares its pool's
-stream again after a restart that lost the store."""
+stream again after a restart that lost the store, and is not ready while it cannot consume."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import httpx
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -225,4 +226,45 @@ def test_a_worker_declares_its_stream_again_when_nats_lost_its_store(tmp_path: P
     finally:
         worker.stop()
         fresh.stop()
+        server.stop()
+
+
+def test_a_worker_that_cannot_consume_is_not_ready_and_says_why(tmp_path: Path) -> None:
+    """The pool's stream exists with other settings (limits, not work-queue retention): the
+    worker's models warm up, but it cannot create its consumer, so /readyz stays 503 with the
+    reason rather than claiming a worker that serves no one is ready."""
+    server = NatsServer(tmp_path / "nats").start()
+    pool = f"p{uuid.uuid4().hex[:8]}"
+
+    async def squat() -> None:  # what an operator's mistake would leave behind
+        nc = await nats.connect(server.url)
+        try:
+            spec = WorkStreamSpec(pool=pool).stream_config()
+            await nc.jetstream().add_stream(StreamConfig(name=spec.name,
+                                                         subjects=spec.subjects))
+        finally:
+            await nc.close()
+
+    asyncio.run(squat())
+    worker = WorkerProcess(server.url, pool, tmp_path)
+    try:
+        deadline, body = time.monotonic() + 120, {}
+        while time.monotonic() < deadline:
+            try:
+                answer = httpx.get(worker.url + "/readyz", timeout=2)
+            except httpx.ConnectError:  # not listening yet
+                time.sleep(0.2)
+                continue
+            body = answer.json()
+            if body.get("status") == "disconnected":
+                break
+            assert answer.status_code == 503, body  # never ready while it cannot consume
+            time.sleep(0.2)
+        assert body.get("status") == "disconnected", body
+        assert set(body["models"].values()) == {"ready"} and body["nats_connected"] is True
+        assert work_stream(pool) in body["error"] and "retention" in body["error"]
+        time.sleep(1.5)  # set-up keeps failing: still not ready
+        assert httpx.get(worker.url + "/readyz", timeout=2).status_code == 503
+    finally:
+        worker.stop()
         server.stop()
