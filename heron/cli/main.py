@@ -244,6 +244,13 @@ def _add_worker_args(parser: argparse.ArgumentParser, default_port: int) -> None
     parser.add_argument("--access-log", action="store_true")
 
 
+def _add_nats_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nats", default=os.environ.get("HERON_NATS_URL",
+                                                         "nats://127.0.0.1:4222"),
+                        help="NATS server URL, or several comma-separated (the nodes of a "
+                             "cluster; heron.runtime.nats_link fails over between them)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heron", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -257,8 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="cluster worker: pulls its pool's work from NATS "
                                            "JetStream (and serves its own HTTP API)")
     _add_worker_args(worker, 8081)
-    worker.add_argument("--nats", default=os.environ.get("HERON_NATS_URL",
-                                                         "nats://127.0.0.1:4222"))
+    _add_nats_argument(worker)
     worker.add_argument("--pool", default=os.environ.get("HERON_POOL"),
                         help="pool name (default: the bundle's name)")
     worker.add_argument("--worker-id", default=os.environ.get("HERON_WORKER_ID"))
@@ -270,8 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "over NATS JetStream")
     gateway.add_argument("--host", default=os.environ.get("HERON_HOST", "127.0.0.1"))
     gateway.add_argument("--port", type=int, default=int(os.environ.get("HERON_PORT", "8080")))
-    gateway.add_argument("--nats", default=os.environ.get("HERON_NATS_URL",
-                                                          "nats://127.0.0.1:4222"))
+    _add_nats_argument(gateway)
     gateway.add_argument("--pool", action="append", metavar="BUNDLE=POOL",
                          help="a bundle and the pool that serves it (repeatable; default: "
                               "default=default)")
@@ -286,8 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
                                            "epochs, deltas over JetStream)")
     config.add_argument("--host", default=os.environ.get("HERON_HOST", "127.0.0.1"))
     config.add_argument("--port", type=int, default=int(os.environ.get("HERON_PORT", "8090")))
-    config.add_argument("--nats", default=os.environ.get("HERON_NATS_URL",
-                                                         "nats://127.0.0.1:4222"))
+    _add_nats_argument(config)
     config.add_argument("--store", default=os.environ.get("HERON_CONFIG_STORE",
                                                           ".heron/config"),
                         help="a directory, or s3://bucket/prefix")
