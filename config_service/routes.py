@@ -17,32 +17,51 @@ from starlette.routing import Route
 
 from heron.config_service.body import read_raw
 from heron.config_service.service import ConfigService
-from heron.runtime.front import api_docs_routes
+from heron.runtime import config_api_types as cfg
+from heron.runtime.front import NOT_READY_RETRY_AFTER_S, api_docs_routes
 from heron.runtime.http import EXCEPTION_HANDLERS, respond
 from heron.runtime.openapi import ApiOperation
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
 
-# The config service's routes, as its OpenAPI document describes them.
+# The config service's routes, as its OpenAPI document describes them (bodies:
+# heron.runtime.config_api_types). Bodies go out in the format Accept (else the request's
+# Content-Type) names; /healthz and /readyz always answer JSON.
+_BODY_MEDIA = (wire.JSON, wire.MSGPACK)
 CONFIG_OPERATIONS: tuple[ApiOperation, ...] = (
     ApiOperation("POST", "/v1/configs/models", "postModelConfig",
-                 "Add or replace a model config (admin token)", "configs",
-                 request_media=(wire.JSON, "application/yaml"), auth=True),
+                 "Add a model config, or new profiles or bundles to one (admin token)",
+                 "configs",
+                 request=cfg.ModelConfigBody, responses=cfg.POST_MODEL_RESPONSES,
+                 request_media=(wire.JSON, "application/yaml", wire.MSGPACK),
+                 response_media=_BODY_MEDIA, auth=True,
+                 description="A model config as in docs/models.md plus an optional "
+                             "`bundles` list; append-only: 409 for a change to stored "
+                             "content, 200 (`created: false`) for content already stored, "
+                             "503 NOT_LEADER from an instance without the writer lease."),
     ApiOperation("GET", "/v1/configs/models", "listModelConfigs", "Every model config",
-                 "configs"),
+                 "configs", responses=cfg.LIST_MODELS_RESPONSES, response_media=_BODY_MEDIA),
     ApiOperation("GET", "/v1/configs/models/{model}", "getModelConfig",
-                 "One model config and the bundles that serve it", "configs"),
+                 "One model config and the bundles that serve it", "configs",
+                 responses=cfg.GET_MODEL_RESPONSES, response_media=_BODY_MEDIA),
     ApiOperation("GET", "/v1/configs/export", "exportConfigs",
                  "The full snapshot: models and bundles at the current epoch (admin token)",
-                 "configs", auth=True),
+                 "configs", responses=cfg.EXPORT_RESPONSES, response_media=_BODY_MEDIA,
+                 auth=True),
     ApiOperation("GET", "/v1/configs/epoch", "getConfigEpoch",
-                 "The current epoch and bundles hash", "configs"),
-    ApiOperation("GET", "/v1/configs/bundles", "listBundles", "Every bundle", "configs"),
-    ApiOperation("GET", "/v1/configs/bundles/{name}", "getBundle", "One bundle", "configs"),
-    ApiOperation("GET", "/healthz", "healthz", "The process is alive", "health"),
+                 "The current epoch and bundles hash", "configs",
+                 responses=cfg.EPOCH_RESPONSES, response_media=_BODY_MEDIA),
+    ApiOperation("GET", "/v1/configs/bundles", "listBundles", "Every bundle", "configs",
+                 responses=cfg.LIST_BUNDLES_RESPONSES, response_media=_BODY_MEDIA),
+    ApiOperation("GET", "/v1/configs/bundles/{name}", "getBundle", "One bundle", "configs",
+                 responses=cfg.GET_BUNDLE_RESPONSES, response_media=_BODY_MEDIA),
+    ApiOperation("GET", "/healthz", "healthz", "The process is alive", "health",
+                 responses=cfg.CONFIG_HEALTH_RESPONSES),
     ApiOperation("GET", "/readyz", "readyz",
-                 "200 once the store is read and NATS is connected", "health"),
-    ApiOperation("GET", "/metrics", "metrics", "Prometheus metrics", "health"),
+                 "200 once the store is read and NATS is connected, else 503", "health",
+                 responses=cfg.CONFIG_READY_RESPONSES),
+    ApiOperation("GET", "/metrics", "metrics", "Prometheus metrics", "health",
+                 responses=cfg.CONFIG_METRICS_RESPONSES, response_media=("text/plain",)),
 )
 
 
@@ -127,8 +146,11 @@ class ConfigRoutes:
 
     async def readyz(self, request: Request) -> Response:
         ready = self.service.ready
-        return JSONResponse({"status": "ready" if ready else "not ready",
-                             **self.service.status()}, status_code=200 if ready else 503)
+        body = {"status": "ready" if ready else "not ready", **self.service.status()}
+        if ready:
+            return JSONResponse(body)
+        return JSONResponse(body, status_code=503,
+                            headers={"Retry-After": str(NOT_READY_RETRY_AFTER_S)})
 
     async def metrics(self, request: Request) -> Response:
         self.service.update_gauges()

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from heron.runtime.adapters import ADAPTER_FAMILIES, ADAPTERS
+from heron_sdk.types import MAX_INTEGER, integral
 
 # Two columns of the adapter table (heron/runtime/adapters.py), derived from it, for readers
 # that need only one; a family is added to the table, never here.
@@ -159,12 +160,18 @@ def parse_profile(data: Any, src: str, where: str) -> Profile:
         kind, rule = _PROFILE_FIELDS[key]
         if value is None and key == "max_sequence_length":
             continue
+        if kind is int:
+            value = integral(value)  # 2.0 is 2: JSON (and its Schema) have one number type
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             raise ConfigError(src, name, f"must be of type {_type_name(kind)}, got {value!r}")
         if rule == "positive" and value <= 0:
             raise ConfigError(src, name, "must be a positive integer")
-        if rule == "non-negative" and value < 0:
-            raise ConfigError(src, name, "must be >= 0")
+        # A bound keeps every stored config writable as JSON (orjson stops at 64 bits) and
+        # its float a real number (YAML reads .inf and .nan, msgpack carries them).
+        if rule == "positive" and value > MAX_INTEGER:
+            raise ConfigError(src, name, f"must be at most {MAX_INTEGER}")
+        if rule == "non-negative" and not (0 <= value <= MAX_INTEGER):
+            raise ConfigError(src, name, f"must be a number from 0 to {MAX_INTEGER}")
         if isinstance(rule, tuple) and value not in rule:
             raise ConfigError(src, name, f"must be one of {list(rule)}, got {value!r}")
         values[key] = float(value) if key == "max_wait_ms" else value
@@ -206,17 +213,25 @@ def parse_model_config(data: Any, src: str = "<model config>") -> ModelConfig:
         raise ConfigError(src, "adapter", f"must be one of {list(ADAPTERS)}, got {adapter!r}")
     if "source" not in data:
         raise ConfigError(src, "source", "is required")
-    profiles_raw = data.get("profiles") or {"default": {}}
+    # null (a YAML key left empty) means the default; other falsy values (false, 0, "")
+    # are mistakes and refused like any wrong type, not read as "absent".
+    profiles_raw = data.get("profiles")
+    if profiles_raw is None:
+        profiles_raw = {"default": {}}
     if not isinstance(profiles_raw, Mapping):
         raise ConfigError(src, "profiles", "must be a mapping of profile name to settings")
     if "default" not in profiles_raw:
         raise ConfigError(src, "profiles", "must contain a 'default' profile")
-    profiles = {str(name): parse_profile(p or {}, src, f"profiles.{name}")
+    profiles = {str(name): parse_profile({} if p is None else p, src, f"profiles.{name}")
                 for name, p in profiles_raw.items()}
-    aliases = data.get("aliases") or []
+    aliases = data.get("aliases")
+    if aliases is None:
+        aliases = []
     if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
         raise ConfigError(src, "aliases", "must be a list of non-empty strings")
-    description = data.get("description") or ""
+    description = data.get("description")
+    if description is None:
+        description = ""
     if not isinstance(description, str):
         raise ConfigError(src, "description", "must be a string")
     return ModelConfig(id=model_id, adapter=adapter, source=parse_source(data["source"], src),

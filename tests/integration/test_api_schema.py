@@ -1,7 +1,9 @@
 """Live servers answer as their OpenAPI document says: schemathesis sends bodies the document
 allows and bodies it refuses (JSON and msgpack) to `heron serve` and to the gateway of a real
 cluster (nats-server, a `heron worker`), and every answer must be documented, match its
-schema, never be a 5xx, and refuse what the document refuses. The document each server
+schema, never be a 5xx, and refuse what the document refuses; the config service of its own
+(a fresh store and nats-server: its POSTs add models) gets the same, with the admin token.
+The document each server
 serves at /openapi.json is the one generated from its declared operations, and /docs shows
 it with assets from the installed swagger-ui-bundle package."""
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -29,11 +31,13 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from heron.config_service.routes import CONFIG_OPERATIONS
 from heron.gateway.routes import GATEWAY_OPERATIONS
 from heron.gateway.settings import GatewaySettings
 from heron.runtime.front import INFERENCE_OPERATIONS
 from heron.runtime.openapi import ApiOperation, openapi_document
 from heron_sdk.results import jsonable
+from tests.support import config_procs
 from tests.support.gateway_harness import GatewayThread, unique, write_bundles
 from tests.support.nats_server import NatsServer
 
@@ -121,13 +125,16 @@ def deadline_too_short(case: Any, response: Any) -> bool:
             and timeout_s < UNMEETABLE_DEADLINE_S)
 
 
-def fuzz(url: str, document: dict[str, Any], path: str, method: str) -> list[str]:
-    """Send MAX_EXAMPLES valid and invalid cases to one operation; the failures, described."""
+def fuzz(url: str, document: dict[str, Any], path: str, method: str, *,
+         headers: dict[str, str] | None = None, max_examples: int = MAX_EXAMPLES,
+         positive: Callable[[dict[str, Any]], dict[str, Any]] = small_bodies) -> list[str]:
+    """Send ``max_examples`` valid cases (from ``positive(document)``) and invalid ones
+    (from ``document``) to one operation, with ``headers``; the failures, described."""
     config = SchemathesisConfig.from_dict(
         {"checks": {"negative_data_rejection": {"expected-statuses": REFUSALS}}})
     operations = {
         mode: schemathesis.openapi.from_dict(
-            small_bodies(document) if mode is schemathesis.GenerationMode.POSITIVE
+            positive(document) if mode is schemathesis.GenerationMode.POSITIVE
             else document, config=config)[path][method.upper()]
         for mode in schemathesis.GenerationMode}
     failures: list[str] = []
@@ -138,7 +145,8 @@ def fuzz(url: str, document: dict[str, Any], path: str, method: str) -> list[str
     if "requestBody" in spec or "parameters" in spec:  # something to make invalid
         modes.append(schemathesis.GenerationMode.NEGATIVE)
     for mode in modes:
-        fuzz_mode(url, operations[mode], mode, failures, statuses, sent)
+        fuzz_mode(url, operations[mode], mode, failures, statuses, sent, headers=headers,
+                  max_examples=max_examples)
     print(f"{method.upper()} {path}: {dict(sorted(statuses.items()))} {dict(sent)}")
     for media in spec.get("requestBody", {}).get("content", {}):
         if not sent[media]:
@@ -150,16 +158,17 @@ def fuzz(url: str, document: dict[str, Any], path: str, method: str) -> list[str
 
 
 def fuzz_mode(url: str, operation: Any, mode: schemathesis.GenerationMode,
-              failures: list[str], statuses: Counter[int], sent: Counter[str | None]
+              failures: list[str], statuses: Counter[int], sent: Counter[str | None], *,
+              headers: dict[str, str] | None = None, max_examples: int = MAX_EXAMPLES
               ) -> None:
     checks = CHECKS + ([negative_data_rejection]
                        if mode is schemathesis.GenerationMode.NEGATIVE else [])
 
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=max_examples, deadline=None, database=None,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(operation.as_strategy(generation_mode=mode))
     def one_case(case: Any) -> None:
-        response = case.call(base_url=url, timeout=60)
+        response = case.call(base_url=url, timeout=60, headers=headers)
         statuses[response.status_code] += 1
         sent[case.media_type] += 1
         problem = None
@@ -264,3 +273,81 @@ def test_docs_page_serves_swagger_ui_from_the_package(base_url: str) -> None:
     missing = httpx.get(base_url + "/docs/no-such-asset.js", timeout=30)
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "NOT_FOUND"
+
+
+# ---- the config service ------------------------------------------------------------------------
+# Its routes answer in milliseconds; 50 cases per operation and mode keep the whole addition
+# to about half a minute on 2 cores.
+CONFIG_EXAMPLES = 50
+CONFIG_MODELS = ["base/dense", "base/beta", "base/sparse", "no/such-model"]
+CONFIG_BUNDLES = ["alpha", "beta", "sparsebox", "no-such-bundle"]
+
+
+@pytest.fixture(scope="module")
+def config_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A config service with the admin token, its own store and its own nats-server (the
+    writer lease is one per NATS): the POSTs below add models nobody else reads."""
+    root = tmp_path_factory.mktemp("config-schema")
+    nats = NatsServer(root / "nats").start()
+    service = config_procs.InProcessConfig(
+        nats.url, root / "store", config_procs.write_bundles(root / "bundles"))
+    try:
+        service.start()
+        yield service.url
+    finally:
+        service.stop()
+        nats.stop()
+
+
+@pytest.fixture(scope="module")
+def config_document(config_url: str) -> dict[str, Any]:
+    return served_document(config_url, CONFIG_OPERATIONS, "Heron config service")
+
+
+def with_config_names(document: dict[str, Any]) -> dict[str, Any]:
+    """Valid cases' path names drawn from what the service knows (else nearly every case
+    is a 404). Invalid cases keep the real document: a name outside these lists may be a
+    model the POSTs added, rightly answered 200."""
+    out = small_bodies(document)
+    # Bundles the service has and the adapters they serve, so that valid posts are mostly
+    # stored (201) rather than refused for a bundle no test has.
+    body = out["components"]["schemas"]["ModelConfigBody"]["properties"]
+    body["bundles"] = {"type": "array", "minItems": 1, "maxItems": 2,
+                       "items": {"enum": CONFIG_BUNDLES[:3]}}
+    body["adapter"] = {"type": "string", "enum": ["dense", "sparse"]}
+    names = {"model": CONFIG_MODELS, "name": CONFIG_BUNDLES}
+    for item in out["paths"].values():
+        for op in item.values():
+            for param in op.get("parameters", []):
+                param["schema"] = {"type": "string", "enum": names[param["name"]]}
+    return out
+
+
+@pytest.mark.parametrize(("path", "method"), operations_of(CONFIG_OPERATIONS))
+def test_the_config_service_answers_as_documented(config_url: str,
+                                                  config_document: dict[str, Any],
+                                                  path: str, method: str) -> None:
+    failures = fuzz(config_url, config_document, path, method,
+                    headers={"Authorization": f"Bearer {config_procs.ADMIN}"},
+                    max_examples=CONFIG_EXAMPLES, positive=with_config_names)
+    assert not failures, f"{len(failures)} answers broke the document:\n" + "\n".join(
+        failures[:5])
+
+
+def test_a_yaml_post_and_its_reads_are_documented(config_url: str,
+                                                  config_document: dict[str, Any]) -> None:
+    """A model posted as YAML is stored (201), then read back as the document says."""
+    schema = schemathesis.openapi.from_dict(config_document)
+    headers = {"Authorization": f"Bearer {config_procs.ADMIN}"}
+    body = config_procs.model_body("org/schema-yaml", description="posted as YAML")
+    post = schema["/v1/configs/models"]["POST"].Case(body=body, media_type="application/yaml")
+    answer = post.call(base_url=config_url, timeout=30, headers=headers)
+    assert answer.status_code == 201, answer.content[:300]
+    post.validate_response(answer, checks=CHECKS)
+    assert answer.json()["bundles"] == ["alpha", "beta"]  # every bundle serving `dense`
+    read = schema["/v1/configs/export"]["GET"].Case()
+    export = read.call(base_url=config_url, timeout=30, headers=headers)
+    read.validate_response(export, checks=CHECKS)
+    stored = export.json()["models"]["org/schema-yaml"]
+    assert stored["description"] == "posted as YAML"
+    assert stored["profiles"]["default"]["max_batch_tokens"] == 4096

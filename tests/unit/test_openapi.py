@@ -18,8 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from openapi_spec_validator import validate
 from schemathesis.core import NotSet
 
+from heron.config_service import body as body_module
+from heron.config_service.body import parse_posted
 from heron.config_service.routes import CONFIG_OPERATIONS
 from heron.gateway.routes import GATEWAY_OPERATIONS
+from heron.runtime import config_api_types as cfg
 from heron.runtime.api_types import ErrorBody
 from heron.runtime.front import INFERENCE_OPERATIONS
 from heron.runtime.json_schema import SchemaBuilder, schema
@@ -197,6 +200,25 @@ def _validator(document: dict[str, Any], tp: Any) -> Callable[[Any], bool]:
     return jsonschema_rs.Draft202012Validator(root).is_valid
 
 
+def _parser_agrees_with_schema(body: Any, parse: Callable[[Any], object],
+                               valid: Callable[[Any], bool]) -> None:
+    """The parser takes ``body`` exactly when the schema allows it, and refuses it with a 4xx
+    otherwise. Values that are not JSON are the body codec's (400), not the parser's."""
+    if isinstance(body, NotSet | bytes | bytearray) or not isinstance(
+            body, dict | list | str | int | float | None):
+        return
+    try:
+        parse(body)
+        refused = None
+    except HeronError as exc:
+        refused = exc
+    if valid(body):
+        assert refused is None, f"the schema allows {body!r}; the parser says {refused}"
+    else:
+        assert refused is not None, f"the schema refuses {body!r}; the parser took it"
+        assert 400 <= refused.status < 500, refused
+
+
 @pytest.mark.parametrize("path", list(PARSERS))
 @pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE,
                                   schemathesis.GenerationMode.NEGATIVE])
@@ -215,19 +237,7 @@ def test_parsers_accept_what_the_schema_allows_and_refuse_the_rest(
             # No body, or a JSON null where the body is optional (renew): the route reads
             # both as "no body" and keeps the lease's TTL.
             return
-        if isinstance(body, bytes | bytearray) or not isinstance(body, dict | list | str |
-                                                                  int | float | None):
-            return  # not a JSON value: the body codec answers it (400), not the parser
-        try:
-            parse(body)
-            refused = None
-        except HeronError as exc:
-            refused = exc
-        if valid(body):
-            assert refused is None, f"the schema allows {body!r}; the parser says {refused}"
-        else:
-            assert refused is not None, f"the schema refuses {body!r}; the parser took it"
-            assert 400 <= refused.status < 500, refused
+        _parser_agrees_with_schema(body, parse, valid)
 
     check()
 
@@ -292,3 +302,121 @@ def test_the_field_tables_list_the_request_fields(heading: str, body: str) -> No
     if body != "EmbeddingsBody":
         options = _documented_fields("## Options every inference request takes")
         assert options <= schema_fields
+
+
+# ---- the config service's document ------------------------------------------------------------
+CONFIG_DOC = openapi_document(CONFIG_OPERATIONS, title="Heron config service", version="test")
+_CONFIG_SCHEMA = schemathesis.openapi.from_dict(CONFIG_DOC)
+
+
+def _parse_posted(body: Any) -> Any:
+    try:
+        return parse_posted(body)
+    except HeronError:
+        raise
+    except Exception as exc:  # anything but a HeronError would be a 500
+        raise AssertionError(f"parse_posted({body!r}) raised {exc!r}") from exc
+
+
+def test_config_routes_declare_bodies_and_answers() -> None:
+    post = CONFIG_DOC["paths"]["/v1/configs/models"]["post"]
+    assert set(post["requestBody"]["content"]) == {
+        "application/json", "application/yaml", "application/msgpack"}
+    assert {"200", "201", "400", "401", "403", "409", "413", "415", "422", "503"} == set(
+        post["responses"])
+    assert post["security"] == [{"bearer": []}, {}]
+    export = CONFIG_DOC["paths"]["/v1/configs/export"]["get"]
+    assert {"200", "401", "403"} == set(export["responses"])
+    for path in ("/v1/configs/models/{model}", "/v1/configs/bundles/{name}"):
+        assert "404" in CONFIG_DOC["paths"][path]["get"]["responses"]
+    assert set(CONFIG_DOC["paths"]["/readyz"]["get"]["responses"]) == {"200", "503"}
+    for path, item in CONFIG_DOC["paths"].items():  # every answer has a schema now
+        if path not in ("/openapi.json", "/docs"):
+            assert item["get" if "get" in item else "post"]["responses"]["200"]["content"]
+
+
+def test_config_name_rules_match_the_parser() -> None:
+    assert cfg.MAX_ID_CHARS == body_module.MAX_ID_CHARS
+    assert f"^{body_module._SAFE_ID.pattern}$" == cfg.MODEL_NAME_PATTERN
+
+
+@pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE,
+                                  schemathesis.GenerationMode.NEGATIVE])
+def test_the_model_config_parser_accepts_what_the_schema_allows_and_refuses_the_rest(
+        mode: schemathesis.GenerationMode) -> None:
+    valid = _validator(CONFIG_DOC, "ModelConfigBody")
+    strategy = _CONFIG_SCHEMA["/v1/configs/models"]["POST"].as_strategy(generation_mode=mode)
+
+    @settings(max_examples=150, suppress_health_check=list(HealthCheck), deadline=None)
+    @given(strategy)
+    def check(case: Any) -> None:
+        _parser_agrees_with_schema(case.body, _parse_posted, valid)
+
+    check()
+
+
+_MINIMAL = {"id": "org/m", "adapter": "dense", "source": {"hub": "org/m"}}
+
+
+@pytest.mark.parametrize(("extra", "accepted"), [
+    ({}, True),
+    ({"profiles": None, "aliases": None, "description": None, "bundles": None}, True),
+    ({"profiles": {"default": None, "fast": {"max_wait_ms": 0}}}, True),
+    ({"description": False}, False),  # falsy non-strings were once read as "absent"
+    ({"aliases": 0}, False),
+    ({"aliases": ""}, False),
+    ({"profiles": False}, False),
+    ({"profiles": {}}, False),
+    ({"profiles": {"default": 0}}, False),
+    ({"profiles": {"default": {"max_batch_tokens": 2**40}}}, False),  # past JSON's ints
+    ({"profiles": {"default": {"max_wait_ms": float("inf")}}}, False),
+    ({"profiles": {"default": {"max_wait_ms": float("nan")}}}, False),
+    ({"source": {"hub": "a", "path": "b"}}, False),
+    ({"id": "a/../b"}, False),
+    ({"bundles": []}, False),
+])
+def test_model_config_edges_agree_with_the_schema(extra: dict[str, Any],
+                                                  accepted: bool) -> None:
+    body = {**_MINIMAL, **extra}
+    try:
+        parse_posted(body)
+        taken = True
+    except HeronError as exc:
+        assert exc.status == 422, exc
+        taken = False
+    assert taken is accepted
+    if "nan" not in repr(body):  # NaN is no JSON value: the schema has nothing to say
+        assert _validator(CONFIG_DOC, "ModelConfigBody")(body) is accepted
+
+
+# ---- docs/models.md's field tables agree with the config service's document -----------------
+def _models_md_fields(heading: str, doc: str = "models.md") -> set[str]:
+    text = (REPO / "docs" / doc).read_text()
+    start = text.index(heading)
+    fields: set[str] = set()
+    in_table = False
+    for line in text[start:].splitlines()[1:]:
+        if line.startswith("|"):
+            in_table = True
+            fields.update(re.findall(r"^\|\s*`([a-z_]+)`", line))
+        elif in_table:
+            break
+    return fields
+
+
+@pytest.mark.parametrize(("heading", "component", "extra"), [
+    ("## Model config", "ModelConfigBody", {"bundles"}),  # bundles: docs/config.md
+    ("### Weight sources", "WeightSourceBody", set()),
+    ("### Profile", "ProfileBody", set()),
+])
+def test_the_model_config_tables_list_the_schema_fields(heading: str, component: str,
+                                                        extra: set[str]) -> None:
+    properties = set(CONFIG_DOC["components"]["schemas"][component]["properties"])
+    assert _models_md_fields(heading) | extra == properties
+
+
+def test_config_md_lists_the_post_fields_and_the_document() -> None:
+    properties = set(CONFIG_DOC["components"]["schemas"]["ModelConfigBody"]["properties"])
+    assert _models_md_fields("### POST /v1/configs/models", "config.md") == properties
+    text = (REPO / "docs" / "config.md").read_text()
+    assert "`GET /openapi.json`" in text and "`GET /docs`" in text
