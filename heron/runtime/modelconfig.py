@@ -18,14 +18,8 @@ from typing import Any
 
 import yaml
 
-from heron.runtime.adapters import ADAPTER_FAMILIES, ADAPTERS
+from heron.runtime.adapters import ADAPTERS  # the one table of model families
 from heron_sdk.types import MAX_INTEGER, integral
-
-# Two columns of the adapter table (heron/runtime/adapters.py), derived from it, for readers
-# that need only one; a family is added to the table, never here.
-ADAPTER_TASKS: dict[str, tuple[str, ...]] = {n: f.tasks for n, f in ADAPTER_FAMILIES.items()}
-ADAPTER_OUTPUT_TYPES: dict[str, frozenset[str]] = {
-    n: f.output_types for n, f in ADAPTER_FAMILIES.items()}
 
 POOLINGS = ("mean", "cls", "last")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
