@@ -60,6 +60,9 @@ GPU_FETCH_LOOKAHEAD = 128
 BACKLOG_POLL_S = 0.005  # how often a full backlog is looked at again (forward passes start)
 RESULT_ACK_TIMEOUT_S = 2.0
 NO_RESPONDERS_BACKOFF_S = (0.25, 0.5, 1.0, 2.0)
+# A result must fit in one NATS message (max_payload, 1 MiB by default) with its subject
+# and protocol line: a generous allowance for those.
+RESULT_HEADROOM_BYTES = 1024
 
 
 def fetch_lookahead_from_env(on_gpu: bool = False) -> int:
@@ -310,8 +313,13 @@ class WorkConsumer:
                     result = WorkResult(item.request_id, item.start, item.count, body,
                                         None if error is None else error.to_body()["error"],
                                         timings)
-                    if not await self._deliver(item.reply,
-                                               wire.encode(result.to_wire(), wire.MSGPACK)):
+                    data = wire.encode(result.to_wire(), wire.MSGPACK)
+                    if len(data) > self.nc.max_payload - RESULT_HEADROOM_BYTES:
+                        # NATS refuses it, and sending it again would fail again until the
+                        # caller's deadline: answer at once with what the caller can do.
+                        data = wire.encode(_too_large(item, len(data), self.nc.max_payload)
+                                           .to_wire(), wire.MSGPACK)
+                    if not await self._deliver(item.reply, data):
                         await msg.nak(delay=1.0)  # not confirmed: compute and send it again
                         return
                 await msg.ack()
@@ -405,3 +413,16 @@ class WorkConsumer:
             await msg.ack()
         finally:
             hold.release()
+
+
+def _too_large(item: WorkItemHeaders, size: int, max_payload: int) -> WorkResult:
+    """The answer for an item whose result does not fit in a NATS message: 413, saying how
+    to get it (fewer items a request; the gateway cannot split an answer it has not seen)."""
+    last = item.start + item.count - 1
+    error = HeronError(
+        ErrorCode.PAYLOAD_TOO_LARGE,
+        f"the answer for items {item.start}..{last} is {size} bytes, over the {max_payload}"
+        " bytes a NATS message may carry here: send fewer items per request (or raise"
+        " max_payload on the NATS servers)")
+    return WorkResult(item.request_id, item.start, item.count, None,
+                      error.to_body()["error"], None)

@@ -208,3 +208,29 @@ def test_two_workers_share_work_and_survive_kill_9(nats_server: NatsServer, pool
     finally:
         a.stop(signal.SIGKILL)
         b.stop()
+
+
+def test_an_answer_too_large_for_nats_is_refused_at_once(tmp_path: Path) -> None:
+    """NATS carries at most max_payload bytes a message. A result over it cannot be sent, and
+    sending it again would fail again until the caller's deadline: the worker answers 413
+    PAYLOAD_TOO_LARGE at once (and acks), and smaller requests keep working."""
+    server = NatsServer(tmp_path / "nats", max_payload=32 * 1024).start()
+    pool = f"p{uuid.uuid4().hex[:8]}"
+    w = WorkerProcess(server.url, pool, tmp_path)
+    try:
+        w.wait_ready()
+        texts = [f"text number {i} of a request whose answer is large" for i in range(40)]
+        big = EncodeRequest(items=[Item(t) for t in texts]).to_wire()  # 40 x 384 floats
+        small = EncodeRequest(items=[Item(t) for t in texts[:4]]).to_wire()
+        started = time.monotonic()
+        results = asyncio.run(_roundtrip(server.url, pool, [("big", big, None),
+                                                            ("small", small, None)],
+                                         timeout_s=30))
+        assert time.monotonic() - started < 15  # not after redeliveries or a deadline
+        error = results["big"]["error"]
+        assert error["code"] == "PAYLOAD_TOO_LARGE" and "fewer items" in error["message"]
+        assert len(results["small"]["body"]["items"]) == 4
+        assert results["_left_in_stream"]["messages"] == 0
+    finally:
+        w.stop()
+        server.stop()

@@ -22,9 +22,11 @@ def nats_binary() -> str:
 
 
 class NatsServer:
-    def __init__(self, store_dir: Path, port: int | None = None) -> None:
+    def __init__(self, store_dir: Path, port: int | None = None,
+                 max_payload: int | None = None) -> None:
         self.store_dir = store_dir
         self.port = port or free_port()
+        self.max_payload = max_payload  # bytes; None: the server's default (1 MiB)
         self.proc: subprocess.Popen | None = None
         self.log_path = store_dir / f"nats-{self.port}.log"
 
@@ -34,10 +36,14 @@ class NatsServer:
 
     def start(self, timeout_s: float = 10) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [nats_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd",
+                str(self.store_dir)]
+        if self.max_payload is not None:  # no command-line flag for it: a config file
+            conf = self.store_dir / f"nats-{self.port}.conf"
+            conf.write_text(f"max_payload: {self.max_payload}\n")
+            args += ["-c", str(conf)]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [nats_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd",
-                 str(self.store_dir)], stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
