@@ -20,9 +20,7 @@ def test_a_leased_pool_gets_its_worker_until_the_lease_ends(tmp_path: Path) -> N
     pool_url = f"{up.url}/v1/pools/{name}"
 
     def lease_workers() -> list[str]:
-        return [" ".join(p.cmdline()) for p in up.children()
-                if " worker " in " ".join(p.cmdline()) and f"--pool {name}" in
-                " ".join(p.cmdline())]
+        return [c for c in up.child_commands() if " worker " in c and f"--pool {name}" in c]
 
     try:
         up.wait_for(lambda: httpx.get(up.url + "/readyz", timeout=1).status_code == 200)
