@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.servers import REPO
+from tests.support.servers import loaded_after_import
 
 from .manifests import DOCKER, ROOT, dockerfiles, flags_removed, image_argv, parse_dockerfile
 
@@ -201,14 +201,10 @@ def _project(requirement: str) -> str:
 def test_the_control_plane_imports_no_model_stack():
     """What `heron gateway` and `heron config` import, in a fresh interpreter: the control
     image has no torch, so none of it may need one."""
-    code = ("import sys; import heron.cli.main, heron.gateway.app, heron.config_service.app; "
-            "print(sorted(m for m in ('torch', 'transformers', 'tokenizers', 'safetensors', "
-            "'huggingface_hub', 'heron.worker') if m in sys.modules))")
-    # Not from the repository root: its folders would import as the old top-level names.
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=REPO / "docs")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
+    assert loaded_after_import(
+        ["heron.cli.main", "heron.gateway.app", "heron.config_service.app"],
+        ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub",
+         "heron.worker")) == []
 
 
 @pytest.mark.parametrize("name", WORKER_IMAGES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -76,3 +77,16 @@ def wait_until(server: ServerProcess, path: str, timeout_s: float) -> None:
         time.sleep(0.2)
     server.stop()
     raise TimeoutError(f"{server.url}{path} not 200 after {timeout_s}s:\n{server.log()}")
+
+
+def loaded_after_import(imports: list[str], watched: tuple[str, ...]) -> list[str]:
+    """Which of ``watched`` a fresh interpreter has in sys.modules after importing
+    ``imports``. It runs outside the repository root, whose folders would import under the
+    old top-level names."""
+    code = (f"import json, sys; import {', '.join(imports)}; "
+            f"print(json.dumps(sorted(m for m in {watched!r} if m in sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=REPO / "docs")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+

@@ -10,15 +10,13 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-import subprocess
-import sys
 
 import pytest
 
 from heron.runtime.adapters import ADAPTER_FAMILIES, ADAPTERS, adapter_family
 from heron.runtime.modelconfig import ADAPTERS as CONFIG_ADAPTERS
 from heron.runtime.modelconfig import ConfigError, parse_model_config
-from tests.support.servers import REPO
+from tests.support.servers import REPO, loaded_after_import
 
 ADAPTER_DIR = REPO / "worker" / "adapters"
 NOT_FAMILIES = {"__init__", "base", "packing"}  # the package, the contract, a helper
@@ -67,14 +65,9 @@ def test_configs_accept_the_tables_names_and_reject_others() -> None:
 
 
 def test_the_table_and_the_gateway_import_no_torch() -> None:
-    code = ("import sys; import heron.runtime.adapters, heron.runtime.modelconfig, "
-            "heron.gateway.registry; "
-            "print(sorted(m for m in ('torch', 'transformers', 'heron.worker') "
-            "if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=REPO / "docs")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "[]"
+    assert loaded_after_import(
+        ["heron.runtime.adapters", "heron.runtime.modelconfig", "heron.gateway.registry"],
+        ("torch", "transformers", "heron.worker")) == []
 
 
 def test_models_md_lists_the_same_families_and_the_two_steps() -> None:
