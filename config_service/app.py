@@ -13,6 +13,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from heron.config_service.blobs import open_blobs
+from heron.config_service.body import remote_code_allowed_by_env
 from heron.config_service.metrics import ConfigMetrics
 from heron.config_service.routes import ConfigRoutes
 from heron.config_service.service import ConfigService
@@ -33,22 +34,29 @@ def default_instance_id() -> str:
 
 def create_app(nats_url: str, store_url: str | Path, *, bundles_dir: Path | None = None,
                admin_token: str | None = None, instance_id: str | None = None,
-               lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> Starlette:
+               lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+               allow_remote_code: bool = False) -> Starlette:
     """A config service app. The bundles dir (epoch 0's content) is read here, so a bad
     bundle stops it before it binds (ConfigError); the store is read, NATS connected and
     the writer lease sought in the app's lifespan, retried until they answer.
 
     ``store_url``: a directory, or ``s3://bucket/prefix`` (endpoint from AWS_ENDPOINT_URL
     or HERON_S3_ENDPOINT). ``admin_token`` defaults to HERON_ADMIN_TOKEN; without one,
-    writes and /export are open."""
+    writes and /export are open. ``allow_remote_code`` (or HERON_ALLOW_REMOTE_CODE=1)
+    accepts posted models with ``trust_remote_code: true``; without it they are 422."""
     base = Registry.from_bundles_dir(bundles_dir or default_bundles_dir())
     token = admin_token if admin_token is not None else os.environ.get("HERON_ADMIN_TOKEN")
     if not token:
         log.warning("HERON_ADMIN_TOKEN is not set: config writes and /export are open")
     store = ConfigStore(open_blobs(store_url))
+    remote_code = allow_remote_code or remote_code_allowed_by_env()
+    if remote_code:
+        log.warning("posted models may set trust_remote_code: their checkpoints' own code "
+                    "will run in the workers that serve them")
     service = ConfigService(nats_url, store, base,
                             instance_id=instance_id or default_instance_id(),
-                            lease_ttl_s=lease_ttl_s, metrics=ConfigMetrics())
+                            lease_ttl_s=lease_ttl_s, metrics=ConfigMetrics(),
+                            allow_remote_code=remote_code)
     return ConfigRoutes(service, token or None).build()
 
 
@@ -62,10 +70,12 @@ async def serve(nats_url: str, store_url: str | Path, *, host: str = "127.0.0.1"
                 port: int = DEFAULT_PORT, log_level: str = "info", access_log: bool = False,
                 bundles_dir: Path | None = None, admin_token: str | None = None,
                 instance_id: str | None = None,
-                lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+                lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+                allow_remote_code: bool = False) -> None:
     """Serve until SIGINT/SIGTERM, on the running event loop."""
     app = create_app(nats_url, store_url, bundles_dir=bundles_dir, admin_token=admin_token,
-                     instance_id=instance_id, lease_ttl_s=lease_ttl_s)
+                     instance_id=instance_id, lease_ttl_s=lease_ttl_s,
+                     allow_remote_code=allow_remote_code)
     await uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
                                         access_log=access_log)).serve()
 
@@ -73,11 +83,13 @@ async def serve(nats_url: str, store_url: str | Path, *, host: str = "127.0.0.1"
 def run(nats_url: str, store_url: str | Path, *, host: str = "127.0.0.1",
         port: int = DEFAULT_PORT, log_level: str = "info", access_log: bool = False,
         bundles_dir: Path | None = None, admin_token: str | None = None,
-        instance_id: str | None = None, lease_ttl_s: float = DEFAULT_LEASE_TTL_S) -> None:
+        instance_id: str | None = None, lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        allow_remote_code: bool = False) -> None:
     """Blocking: build the app (ConfigError before binding) and serve it."""
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(nats_url, store_url, bundles_dir=bundles_dir, admin_token=admin_token,
-                     instance_id=instance_id, lease_ttl_s=lease_ttl_s)
+                     instance_id=instance_id, lease_ttl_s=lease_ttl_s,
+                     allow_remote_code=allow_remote_code)
     uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
                                   access_log=access_log)).run()

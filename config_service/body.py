@@ -1,11 +1,12 @@
 """Reading a POST /v1/configs/models body: size limit, YAML or JSON (or msgpack) by
 Content-Type, the optional ``bundles`` list, the schema (heron.runtime.modelconfig, the
-one the worker loads with), and the rules a model id must follow to be safe in paths, URLs
-and S3 keys."""
+one the worker loads with), the rules a model id must follow to be safe in paths, URLs
+and S3 keys, and the operator's policy on checkpoints that ship their own code."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,29 @@ def parse_posted(data: Any) -> PostedModel:
     for i, alias in enumerate(model.aliases):
         check_name(alias, f"aliases[{i}]")
     return PostedModel(model, sorted(set(bundles)) if bundles is not None else None)
+
+
+# What enables trust_remote_code in posted configs (heron config --allow-remote-code).
+ALLOW_REMOTE_CODE_ENV = "HERON_ALLOW_REMOTE_CODE"
+
+
+def remote_code_allowed_by_env() -> bool:
+    return os.environ.get(ALLOW_REMOTE_CODE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def check_remote_code(model: ModelConfig, allowed: bool) -> None:
+    """422 for a model that asks to run its checkpoint's code, unless the operator allowed
+    such models. The code is arbitrary Python that every worker of every pool serving the
+    model imports, with the worker's credentials and network: whoever may post configs
+    would otherwise run code on the whole fleet, so the operator decides, not the poster."""
+    if model.trust_remote_code and not allowed:
+        raise invalid_field(
+            "trust_remote_code",
+            "this config service does not accept models that run their checkpoint's own "
+            "Python code (config.json auto_map): that code would run inside every worker of "
+            "each pool that serves the model. Its operator can allow such models by starting "
+            f"`heron config --allow-remote-code` (or {ALLOW_REMOTE_CODE_ENV}=1); see "
+            "docs/models.md")
 
 
 def body_digest(raw: bytes) -> str:

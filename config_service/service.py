@@ -20,7 +20,7 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
-from heron.config_service.body import body_digest, decode, parse_posted
+from heron.config_service.body import body_digest, check_remote_code, decode, parse_posted
 from heron.config_service.leader import LeaderLease
 from heron.config_service.metrics import ConfigMetrics
 from heron.config_service.state import Change, Registry
@@ -40,8 +40,12 @@ MAX_REMEMBERED_NOOPS = 10_000  # Idempotency-Keys of 200 answers kept in memory
 
 class ConfigService:
     def __init__(self, nats_url: str, store: ConfigStore, base: Registry, *,
-                 instance_id: str, lease_ttl_s: float, metrics: ConfigMetrics) -> None:
+                 instance_id: str, lease_ttl_s: float, metrics: ConfigMetrics,
+                 allow_remote_code: bool = False) -> None:
         self.nats_url = nats_url
+        # Posts may set trust_remote_code (configs already stored, and the bundles dir,
+        # are the operator's and load either way).
+        self.allow_remote_code = allow_remote_code
         self.store = store
         self.base = base
         self.registry = copy.deepcopy(base)
@@ -206,6 +210,7 @@ class ConfigService:
             raise self.not_leader()
         digest = body_digest(raw)
         posted = parse_posted(decode(raw, content_type))
+        check_remote_code(posted.model, self.allow_remote_code)
         async with self._lock:
             if not self.can_write:
                 raise self.not_leader()

@@ -10,10 +10,11 @@ beyond reading the bundles dir.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from heron.runtime.adapters import AUTO
 from heron.runtime.modelconfig import (
     ConfigError,
     ModelConfig,
@@ -151,20 +152,24 @@ class Registry:
              idempotency_key: str | None = None, body_sha256: str | None = None
              ) -> Change | None:
         """The Change this post makes (epoch + 1), or None: identical content, a no-op.
-        Raises 422 (bundles) or 409 (conflicting content or names); changes nothing."""
+        Raises 422 (bundles) or 409 (conflicting content or names); changes nothing.
+
+        A model whose adapter is "auto" may go to any bundle: its family is known only
+        once a worker reads the checkpoint, and a worker whose bundle does not serve that
+        family refuses the model when it loads it."""
         for name in requested or ():
             info = self.bundles.get(name)
             if info is None:
                 raise invalid_field("bundles", f"unknown bundle {name!r}; known: "
                                     f"{sorted(self.bundles)}")
-            if model.adapter not in info.adapters:
+            if not serves(info, model):
                 raise invalid_field("bundles", f"bundle {name!r} does not serve adapter "
                                     f"{model.adapter!r} (it serves {list(info.adapters)})")
         existing = self.models.get(model.id)
         if existing is None:
             self._check_names(model)
             bundles = set(requested or [b.name for b in self.bundles.values()
-                                        if model.adapter in b.adapters])
+                                        if serves(b, model)])
             if not bundles:
                 raise invalid_field("adapter", f"no bundle serves adapter {model.adapter!r};"
                                     f" known bundles: {sorted(self.bundles)}")
@@ -177,9 +182,7 @@ class Registry:
                     f"(add new profiles, or post under a new id). Differs: "
                     f"{', '.join(diffs)}", diffs)
             profiles = {**model.profiles, **existing.profiles}
-            merged = ModelConfig(id=existing.id, adapter=existing.adapter,
-                                 source=existing.source, profiles=dict(sorted(profiles.items())),
-                                 aliases=existing.aliases, description=existing.description)
+            merged = replace(existing, profiles=dict(sorted(profiles.items())))
             current = set(self.model_bundles(model.id))
             bundles = current | set(requested or ())
             if merged == existing and bundles == current:
@@ -220,6 +223,12 @@ class Registry:
         self.epoch = change.epoch
 
 
+def serves(bundle: BundleInfo, model: ModelConfig) -> bool:
+    """Whether ``bundle`` may route ``model``: it serves the model's adapter, or the
+    adapter is "auto" (decided by the worker, from the checkpoint)."""
+    return model.adapter == AUTO or model.adapter in bundle.adapters
+
+
 def diff_models(have: ModelConfig, got: ModelConfig) -> list[str]:
     """The fields of ``got`` that differ from ``have`` (profiles only ``got`` has are new,
     not differences)."""
@@ -232,6 +241,8 @@ def diff_models(have: ModelConfig, got: ModelConfig) -> list[str]:
         diffs.append("aliases")
     if have.description != got.description:
         diffs.append("description")
+    if have.trust_remote_code != got.trust_remote_code:
+        diffs.append("trust_remote_code")
     for name in sorted(set(have.profiles) & set(got.profiles)):
         p, q = asdict(have.profiles[name]), asdict(got.profiles[name])
         diffs += [f"profiles.{name}.{k}" for k in sorted(p) if p[k] != q[k]]

@@ -41,6 +41,7 @@ class Embedding:
     dense: np.ndarray | None = None  # 1-D
     sparse: SparseVector | None = None
     multi_vector: np.ndarray | None = None  # [tokens, dim]
+    muvera: np.ndarray | None = None  # 1-D: MUVERA's fixed-size encoding of multi_vector
     tokens: int = 0
     truncated: bool = False
     id: str | None = None
@@ -59,6 +60,7 @@ def _embedding(row: Mapping[str, Any], dtype: Any) -> Embedding:
             _array(sparse["indices"], np.int32), _array(sparse["values"], sparse_dtype)),
         multi_vector=(None if row.get("multi_vector") is None
                       else _array(row["multi_vector"], dtype)),
+        muvera=None if row.get("muvera") is None else _array(row["muvera"], dtype),
         tokens=int(row.get("tokens", 0)), truncated=bool(row.get("truncated", False)),
         id=row.get("id"))
 

@@ -18,7 +18,7 @@ from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 from heron_sdk.wire import array_to_base64
 
 TASKS = ("encode", "score", "extract")
-OUTPUT_TYPES = ("dense", "sparse", "multi_vector")
+OUTPUT_TYPES = ("dense", "sparse", "multi_vector", "muvera")
 OUTPUT_DTYPES = ("float32", "float16", "int8", "uint8", "binary")
 ENCODINGS = ("float", "base64")
 

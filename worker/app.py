@@ -130,12 +130,8 @@ class LocalBackend:
     def _describe(self, entry: ModelEntry) -> dict[str, Any]:
         known: dict[str, Any] = {"error": entry.error}
         if entry.runner is not None:  # what the loaded checkpoint says wins over its config
-            adapter = entry.runner.adapter
-            known.update(task=adapter.task, output_types=sorted(adapter.output_types),
-                         max_sequence_length=adapter.max_length, device=entry.device,
+            known.update(entry.runner.adapter.describe(), device=entry.device,
                          dtype=entry.dtype)
-            if adapter.name in ("dense", "multi_vector"):
-                known["dimensions"] = adapter.hidden_size
         return model_description(entry.config, state=entry.state.value,
                                  bundle=self.registry.bundle.name,
                                  pool=self.queue.pool if self.queue else None, **known)

@@ -30,6 +30,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from heron.runtime.adapters import AUTO
+from heron.runtime.checkpoint import CheckpointError, detect_family, read_checkpoint
 from heron.runtime.modelconfig import Bundle, ModelConfig, Profile
 from heron.worker.adapters import adapter_class
 from heron.worker.cpus import pin_this_thread
@@ -318,8 +320,17 @@ class ModelRegistry:
         device = select_device(self.device_override or profile.device)
         weights_dtype, autocast_dtype = select_precision(
             self.precision_override or profile.precision, device)
-        adapter = adapter_class(config.adapter)(config, profile)
+        checkpoint = read_checkpoint(path)
+        family = detect_family(checkpoint) if config.adapter == AUTO else config.adapter
+        if family not in self.bundle.adapters:
+            raise CheckpointError(f"the checkpoint is a {family} model, which bundle "
+                                  f"{self.bundle.name} does not serve (it serves "
+                                  f"{', '.join(self.bundle.adapters)})")
+        adapter = adapter_class(family)(config, profile, checkpoint)
         adapter.load(path, device, weights_dtype)
+        if adapter.supports_packing and adapter.packing_refused:
+            log.info("model %s: batches padded, not packed: %s", config.id,
+                     adapter.packing_refused)
         if autocast_dtype is not None:
             adapter.store_matmul_weights(autocast_dtype)
         model_id = config.id

@@ -91,15 +91,17 @@ class ModelRunner:
                                                          items)
 
     # ---- request side ------------------------------------------------------------------
-    async def tokenize(self, inputs: list[TextInput]) -> list[Tokenized]:
+    async def tokenize(self, inputs: list[TextInput], query: bool = False,
+                       prompt: str = "") -> list[Tokenized]:
         if len(inputs) <= INLINE_TOKENIZE_ITEMS and sum(
                 len(x) if isinstance(x, str) else len(x[0]) + len(x[1]) for x in inputs
         ) <= INLINE_TOKENIZE_CHARS:
-            tokens = self.adapter.tokenize_now(inputs)
+            tokens = self.adapter.tokenize_now(inputs, query, prompt)
             if tokens is not None:
                 return tokens
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenize_pool, self.adapter.tokenize, inputs)
+        return await loop.run_in_executor(self._tokenize_pool, self.adapter.tokenize, inputs,
+                                          query, prompt)
 
     async def infer(self, items: list[Tokenized], *, priority: int = 0,
                     deadline: float | None = None) -> list[ItemResult]:

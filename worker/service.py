@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from heron.runtime import telemetry
-from heron.runtime.adapters import adapter_family
 from heron.runtime.http import server_timing
 from heron.worker.adapters import TextInput, Tokenized
 from heron.worker.outputs import quantize, truncate_dims
@@ -77,23 +76,32 @@ class InferenceService:
 
     # ---- the shared path: tokenize, check, batch, infer --------------------------------
     async def _run(self, runner: ModelRunner, inputs: list[TextInput], options: RequestOptions,
-                   timings: Timings) -> tuple[list[Tokenized], list[ItemResult]]:
+                   timings: Timings, *, queries: int = 0, prompts: tuple[str, str] = ("", "")
+                   ) -> tuple[list[Tokenized], list[ItemResult]]:
+        """Tokenize, batch and compute ``inputs``; the first ``queries`` of them are queries
+        (tokenized as the model tokenizes queries, after ``prompts[0]``), the rest documents
+        (after ``prompts[1]``)."""
         # Counted from before tokenizing: a model with a request anywhere past picking its
         # runner is busy, and LRU eviction leaves busy models alone.
         runner.in_flight += 1
         try:
-            return await self._tokenize_and_infer(runner, inputs, options, timings)
+            return await self._tokenize_and_infer(runner, inputs, options, timings, queries,
+                                                  prompts)
         finally:
             runner.in_flight -= 1
 
     async def _tokenize_and_infer(self, runner: ModelRunner, inputs: list[TextInput],
-                                  options: RequestOptions, timings: Timings
+                                  options: RequestOptions, timings: Timings, queries: int,
+                                  prompts: tuple[str, str]
                                   ) -> tuple[list[Tokenized], list[ItemResult]]:
         started = time.monotonic()
         deadline = started + options.timeout_s if options.timeout_s else None
         with telemetry.span(telemetry.WORKER, "tokenize",
                             attributes={"heron.items": len(inputs)}) as span:
-            tokens = await runner.tokenize(inputs)
+            tokens = (await runner.tokenize(inputs[:queries], query=True, prompt=prompts[0])
+                      if queries else [])
+            if queries < len(inputs):
+                tokens += await runner.tokenize(inputs[queries:], prompt=prompts[1])
             if span is not None:
                 span.set_attribute("heron.tokens", sum(t.length for t in tokens))
         timings.tokenize = time.monotonic() - started
@@ -141,35 +149,29 @@ class InferenceService:
 
     async def _runner_for(self, model: str, task: str) -> tuple[ModelEntry, ModelRunner]:
         entry, runner = await self.registry.acquire(model)
-        tasks = adapter_family(entry.config.adapter).tasks
+        tasks = runner.adapter.tasks  # the loaded family's, also where the config said auto
         if task not in tasks:
             raise HeronError(ErrorCode.UNSUPPORTED_TASK,
                              f"model {entry.config.id} does not support {task}; "
                              f"it serves {', '.join(tasks)}")
         return entry, runner
 
-    @staticmethod
-    def _instruction(entry: ModelEntry, is_query: bool, override: str | None) -> str:
-        if override is not None:
-            return override
-        profile = entry.config.profile
-        return profile.query_instruction if is_query else profile.document_instruction
-
     # ---- encode ------------------------------------------------------------------------
     async def encode(self, model: str, req: EncodeRequest) -> Outcome:
         entry, runner = await self._runner_for(model, "encode")
         check_outputs(entry.config.id, runner.adapter.output_types, req)
-        if req.dims is not None and "dense" in req.output_types and runner.adapter.hidden_size \
-                and req.dims > runner.adapter.hidden_size:
+        width = runner.adapter.dimensions or runner.adapter.hidden_size
+        if req.dims is not None and "dense" in req.output_types and width and req.dims > width:
             raise HeronError(ErrorCode.INVALID_FIELD,
-                             f"dims: {req.dims} is more than the model's "
-                             f"{runner.adapter.hidden_size} dimensions", field="dims")
-        prefix = self._instruction(entry, req.is_query, req.instruction)
+                             f"dims: {req.dims} is more than the model's {width} dimensions",
+                             field="dims")
+        prompt = runner.adapter.prompt(req.is_query, req.instruction)
         timings = Timings()
-        tokens, results = await self._run(runner, [prefix + i.text for i in req.items],
-                                          req.options, timings)
+        tokens, results = await self._run(runner, [i.text for i in req.items], req.options,
+                                          timings, queries=len(req.items) if req.is_query else 0,
+                                          prompts=(prompt, prompt))
         postprocess_started = time.monotonic()
-        normalize = entry.config.profile.normalize
+        normalize = getattr(runner.adapter, "normalize", True)
         enc = req.options.encoding
         items = []
         for item, tok, res in zip(req.items, tokens, results, strict=True):
@@ -181,8 +183,8 @@ class InferenceService:
                 if kind == "dense":
                     vec = truncate_dims(value, req.dims, normalize)
                     out["dense"] = wire_array(quantize(vec, req.output_dtype), enc)
-                elif kind == "multi_vector":
-                    out["multi_vector"] = wire_array(quantize(value, req.output_dtype), enc)
+                elif kind in ("multi_vector", "muvera"):
+                    out[kind] = wire_array(quantize(value, req.output_dtype), enc)
                 else:
                     sparse: SparseVector = value
                     if req.output_dtype == "float16":
@@ -206,15 +208,14 @@ class InferenceService:
             postprocess_started = time.monotonic()
             scores = [float(r.value) for r in results]
             usage_tokens = sum(t.length for t in tokens)
-        else:  # bi-encoder: cosine of the query's embedding against each item's
-            profile = entry.config.profile
-            inputs = [profile.query_instruction + req.query,
-                      *(profile.document_instruction + i.text for i in req.items)]
-            tokens, results = await self._run(runner, inputs, req.options, timings)
+        else:  # bi-encoder: the query's embedding against each item's
+            adapter = runner.adapter
+            inputs = [req.query, *(i.text for i in req.items)]
+            tokens, results = await self._run(runner, inputs, req.options, timings, queries=1,
+                                              prompts=(adapter.prompt(True),
+                                                       adapter.prompt(False)))
             postprocess_started = time.monotonic()
-            vectors = np.stack([r.value["dense"] for r in results])
-            vectors /= np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
-            scores = (vectors[1:] @ vectors[0]).astype(float).tolist()
+            scores = adapter.similarity([r.value for r in results])
             usage_tokens = sum(t.length for t in tokens)  # the query was computed too
             tokens = tokens[1:]
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))

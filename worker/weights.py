@@ -49,7 +49,10 @@ from heron.worker.weights_s3 import WEIGHTS_S3_ENV, S3TierError, S3WeightCache
 
 log = logging.getLogger("heron.worker.weights")
 
-HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*"]
+# Patterns match in sub-folders too (2_Dense/, a Router's routes). *.pt: BGE-M3's heads;
+# *.py: code a trust_remote_code model ships; artifact.metadata: Stanford ColBERT's settings.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*", "*.pt", "*.py",
+                "artifact.metadata"]
 RETRY_AFTER_S = 30.0
 
 
@@ -91,7 +94,8 @@ def resolve_weights(config: ModelConfig, *, pin: bool = False) -> Path:
         path = Path(source.path).expanduser()
         if not _has_weights(path):
             raise WeightsUnavailable(
-                f"{config.id}: local path {path} has no config.json (not a model directory)")
+                f"{config.id}: local path {path} has no config.json or modules.json (not a "
+                f"model directory)")
         return _served(weight_stats.PATH, path, pin)
 
     if source.package is not None:
@@ -111,7 +115,9 @@ def resolve_weights(config: ModelConfig, *, pin: bool = False) -> Path:
 
 
 def _has_weights(path: Path) -> bool:
-    return (path / "config.json").is_file()
+    # A sentence-transformers Router keeps its transformers in sub-folders: modules.json
+    # at the root is the model's description then.
+    return (path / "config.json").is_file() or (path / "modules.json").is_file()
 
 
 def _served(tier: str, path: Path, pin: bool) -> Path:
@@ -220,9 +226,9 @@ def _fill_from_hub(model_id: str, repo: str, key: CacheKey,
             ) from exc
         shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface-hub's bookkeeping
         files = model_files(staging)
-        if "config.json" not in files:
-            raise _HubFailure(f"{repo} on the Hugging Face Hub has no config.json "
-                              f"(not a transformers model)")
+        if "config.json" not in files and "modules.json" not in files:
+            raise _HubFailure(f"{repo} on the Hugging Face Hub has no config.json or "
+                              f"modules.json (not a transformers model)")
         manifest = {"model_id": model_id, "revision": key.revision or "main", "files": files,
                     "filled_from": f"hub:{repo}"}
         final = install(staging, key, manifest)

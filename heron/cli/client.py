@@ -77,7 +77,7 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     encode.add_argument("model")
     encode.add_argument("texts", nargs="+", metavar="TEXT")
     encode.add_argument("--output-type", action="append",
-                        choices=["dense", "sparse", "multi_vector"],
+                        choices=["dense", "sparse", "multi_vector", "muvera"],
                         help="repeatable (default: dense)")
     encode.add_argument("--dtype", default="float32",
                         choices=["float32", "float16", "int8", "uint8", "binary"])

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from heron.cli.catalog import add_catalog_flags
 from heron.cli.client import add_client_commands
 from heron.runtime.modelconfig import Bundle, ConfigError, load_bundle, load_model_config
 
@@ -195,7 +196,8 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     run(args.nats, args.store, host=args.host, port=args.port, log_level=args.log_level,
         instance_id=args.instance_id, lease_ttl_s=args.lease_ttl,
-        bundles_dir=Path(args.bundles_dir) if args.bundles_dir else None)
+        bundles_dir=Path(args.bundles_dir) if args.bundles_dir else None,
+        allow_remote_code=args.allow_remote_code)
     return 0
 
 
@@ -301,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--bundles-dir", default=None,
                         help="epoch 0's bundles (default: HERON_BUNDLES_DIR or bundles/)")
     config.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
+    config.add_argument("--allow-remote-code", action="store_true",
+                        help="accept models with trust_remote_code: true, whose checkpoint's "
+                             "code runs in every worker (also HERON_ALLOW_REMOTE_CODE=1)")
     config.set_defaults(func=cmd_config)
 
     up = sub.add_parser("up", help="the whole cluster on this machine: nats-server, gateway, "
@@ -326,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--child-log-level", default="warning")
     up.set_defaults(func=cmd_up)
     add_client_commands(sub)
+    add_catalog_flags(sub.choices["models"])  # heron models --catalog
     return parser
 
 

@@ -22,7 +22,8 @@ class AdapterFamily:
     tasks: tuple[str, ...]
     # What its encode produces (empty: it does not encode).
     output_types: frozenset[str]
-    # "module:Class" of the worker's Adapter subclass.
+    # "module:Class" of the worker's Adapter subclass ("" for AUTO, which is resolved to a
+    # family when the worker reads the checkpoint).
     implementation: str
 
     @property
@@ -31,20 +32,31 @@ class AdapterFamily:
 
 
 _WORKER = "heron.worker.adapters"
+# A config that names no adapter: the worker reads the checkpoint's files and picks the
+# family (heron/runtime/checkpoint.py, detect_family). Until then the gateway routes every
+# call to it, and the worker refuses the ones the detected family does not answer.
+AUTO = "auto"
 
 ADAPTER_FAMILIES: dict[str, AdapterFamily] = {
     "dense": AdapterFamily(("encode", "score"), frozenset({"dense"}),
                            f"{_WORKER}.dense:DenseAdapter"),
     "sparse": AdapterFamily(("encode",), frozenset({"sparse"}),
                             f"{_WORKER}.sparse:SparseAdapter"),
-    "multi_vector": AdapterFamily(("encode",), frozenset({"multi_vector", "dense"}),
+    # ColBERT-style late interaction: score ranks by MaxSim.
+    "multi_vector": AdapterFamily(("encode", "score"),
+                                  frozenset({"multi_vector", "dense", "muvera"}),
                                   f"{_WORKER}.multi_vector:MultiVectorAdapter"),
+    # BGE-M3: dense, sparse and ColBERT vectors from one forward pass; score by dense cosine.
+    "bge_m3": AdapterFamily(("encode", "score"), frozenset({"dense", "sparse", "multi_vector"}),
+                            f"{_WORKER}.bge_m3:BgeM3Adapter"),
     "cross_encoder": AdapterFamily(("score",), frozenset(),
                                    f"{_WORKER}.cross_encoder:CrossEncoderAdapter"),
     "token_classifier": AdapterFamily(("extract",), frozenset(),
                                       f"{_WORKER}.token_classifier:TokenClassifierAdapter"),
     # No compute, fixed vectors: Heron's own overhead, measured by bench/ (bundles/null.yaml).
     "null": AdapterFamily(("encode",), frozenset({"dense"}), f"{_WORKER}.null:NullAdapter"),
+    AUTO: AdapterFamily(("encode", "score", "extract"),
+                        frozenset({"dense", "sparse", "multi_vector", "muvera"}), ""),
 }
 ADAPTERS: tuple[str, ...] = tuple(ADAPTER_FAMILIES)
 
@@ -57,4 +69,4 @@ def adapter_family(name: str) -> AdapterFamily:
         raise KeyError(f"unknown adapter {name!r}; known: {', '.join(ADAPTERS)}") from None
 
 
-__all__ = ["ADAPTERS", "ADAPTER_FAMILIES", "AdapterFamily", "adapter_family"]
+__all__ = ["ADAPTERS", "ADAPTER_FAMILIES", "AUTO", "AdapterFamily", "adapter_family"]

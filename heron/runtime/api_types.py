@@ -10,7 +10,7 @@ numpy arrays where JSON has lists of numbers.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NotRequired, TypedDict
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from heron.runtime.json_schema import closed, schema
 from heron_sdk.errors import STATUS_BY_CODE, ErrorCode
@@ -34,7 +34,7 @@ Items = Annotated[list[Text | ItemObject], schema(
     description=f"1 to {MAX_ITEMS_PER_REQUEST} texts: strings or {{text, id}} objects "
                 "(413 TOO_MANY_ITEMS past the limit).")]
 Encoding = Literal["float", "base64"]
-OutputType = Literal["dense", "sparse", "multi_vector"]
+OutputType = Literal["dense", "sparse", "multi_vector", "muvera"]
 OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary"]
 PositiveInt = Annotated[int, schema(minimum=1, maximum=MAX_INTEGER)]
 
@@ -116,6 +116,7 @@ class EncodedItem(TypedDict):
     dense: NotRequired[Vector]
     sparse: NotRequired[SparseEmbedding]
     multi_vector: NotRequired[Matrix]
+    muvera: NotRequired[Vector]
     tokens: int
     truncated: bool
     id: NotRequired[str]
@@ -226,6 +227,14 @@ class ModelInfo(TypedDict):
     device: NotRequired[str]
     dtype: NotRequired[str]
     dimensions: NotRequired[int]
+    # What the worker read from the checkpoint's files (heron/runtime/checkpoint.py) and
+    # made of it with the profile: pooling, normalization, prompts, packing.
+    detected: NotRequired[dict[str, Any]]
+    pooling: NotRequired[str]
+    normalize: NotRequired[bool]
+    prompts: NotRequired[dict[str, str]]
+    packed: NotRequired[bool]
+    packing_refused: NotRequired[str]
     error: NotRequired[str]
     bundle: NotRequired[str]
     pool: NotRequired[str]

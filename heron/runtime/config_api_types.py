@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, NotRequired, TypedDict
 
+from heron.runtime.adapters import AUTO
 from heron.runtime.api_types import METRICS_RESPONSES, error_statuses
 from heron.runtime.json_schema import closed, schema
 from heron.runtime.modelconfig import (
     ACTIVATIONS,
     ADAPTERS,
     DEVICES,
+    MUVERA_MAX_K_SIM,
     PACKINGS,
     POOLINGS,
     PRECISIONS,
@@ -59,7 +61,9 @@ WeightSourceField = Annotated[WeightSourceBody, schema(
 
 @closed
 class ProfileBody(TypedDict):
-    """A profile's settings; a missing key takes its default (docs/models.md)."""
+    """A profile's settings; a missing key takes its default (docs/models.md). null in
+    pooling, normalize, the instructions and activation means what the checkpoint's own
+    files say (heron/runtime/checkpoint.py)."""
 
     max_batch_tokens: NotRequired[Annotated[PositiveCount, schema(default=16384)]]
     max_batch_items: NotRequired[Annotated[PositiveCount, schema(default=128)]]
@@ -67,13 +71,21 @@ class ProfileBody(TypedDict):
     max_sequence_length: NotRequired[PositiveCount | None]
     precision: NotRequired[Annotated[str, schema(enum=list(PRECISIONS), default="auto")]]
     device: NotRequired[Annotated[str, schema(enum=list(DEVICES), default="auto")]]
-    pooling: NotRequired[Annotated[str, schema(enum=list(POOLINGS), default="mean")]]
-    normalize: NotRequired[Annotated[bool, schema(default=True)]]
-    query_instruction: NotRequired[Annotated[str, schema(default="")]]
-    document_instruction: NotRequired[Annotated[str, schema(default="")]]
-    activation: NotRequired[Annotated[str, schema(enum=list(ACTIVATIONS), default="sigmoid")]]
+    pooling: NotRequired[Annotated[Annotated[str, schema(enum=list(POOLINGS))] | None,
+                                   schema(default=None)]]
+    normalize: NotRequired[Annotated[bool | None, schema(default=None)]]
+    query_instruction: NotRequired[Annotated[str | None, schema(default=None)]]
+    document_instruction: NotRequired[Annotated[str | None, schema(default=None)]]
+    activation: NotRequired[Annotated[Annotated[str, schema(enum=list(ACTIVATIONS))] | None,
+                                      schema(default=None)]]
     max_queue_items: NotRequired[Annotated[PositiveCount, schema(default=8192)]]
     packing: NotRequired[Annotated[str, schema(enum=list(PACKINGS), default="auto")]]
+    # MUVERA encoding of a multi-vector model's output (the "muvera" output type).
+    muvera_k_sim: NotRequired[Annotated[int, schema(minimum=1, maximum=MUVERA_MAX_K_SIM,
+                                                    default=5)]]
+    muvera_dim_proj: NotRequired[Annotated[PositiveCount, schema(default=16)]]
+    muvera_repetitions: NotRequired[Annotated[PositiveCount, schema(default=20)]]
+    muvera_seed: NotRequired[Annotated[PositiveCount, schema(default=42)]]
 
 
 @closed
@@ -82,8 +94,14 @@ class ModelConfigBody(TypedDict):
     to route it to. null in an optional field means its default."""
 
     id: ModelName
-    adapter: AdapterName
+    adapter: NotRequired[Annotated[AdapterName | None, schema(
+        default=AUTO, description="The model family; absent, null or 'auto': the worker "
+        "reads the checkpoint's files and picks it.")]]
     source: WeightSourceField
+    trust_remote_code: NotRequired[Annotated[bool | None, schema(
+        default=False, description="Run the Python code the checkpoint ships (config.json "
+        "auto_map) in every worker that serves it. Refused (422) unless the config service "
+        "was started with --allow-remote-code.")]]
     profiles: NotRequired[Annotated[
         dict[str, ProfileBody | None] | None,
         schema(required=["default"], description="Profile name -> settings; must contain "
@@ -92,7 +110,7 @@ class ModelConfigBody(TypedDict):
     description: NotRequired[str | None]
     bundles: NotRequired[Annotated[list[NonEmpty] | None, schema(
         minItems=1, description="Bundles to route the model to; absent: every bundle that "
-        "serves its adapter.")]]
+        "serves its adapter (every bundle for adapter 'auto').")]]
 
 
 class PostAnswer(TypedDict):
@@ -107,7 +125,8 @@ class PostAnswer(TypedDict):
 
 # ---- reads ---------------------------------------------------------------------------------
 class ModelConfigView(TypedDict):
-    """A stored model config (ModelConfig.to_dict: every profile setting spelled out)."""
+    """A stored model config (ModelConfig.to_dict: every profile setting spelled out,
+    but those left null, which the checkpoint decides)."""
 
     id: str
     adapter: AdapterName
@@ -115,6 +134,7 @@ class ModelConfigView(TypedDict):
     profiles: dict[str, ProfileBody]
     aliases: NotRequired[list[str]]
     description: NotRequired[str]
+    trust_remote_code: NotRequired[bool]  # present (true) only for a model that opted in
 
 
 class ModelConfigSummary(TypedDict):

@@ -18,14 +18,16 @@ from typing import Any
 
 import yaml
 
-from heron.runtime.adapters import ADAPTERS  # the one table of model families
+from heron.runtime.adapters import ADAPTERS, AUTO  # the one table of model families
 from heron_sdk.types import MAX_INTEGER, integral
 
-POOLINGS = ("mean", "cls", "last")
+# sentence-transformers' pooling modes; "last" is an older name of "lasttoken".
+POOLINGS = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens", "last")
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 ACTIVATIONS = ("sigmoid", "softmax", "none")
 DEVICES = ("auto", "cpu", "cuda")
 PACKINGS = ("auto", "off")
+MUVERA_MAX_K_SIM = 16  # 65,536 buckets per repetition: more is never a useful encoding
 
 
 class ConfigError(ValueError):
@@ -55,23 +57,34 @@ class Profile:
     max_sequence_length: int | None = None  # None: the model's own limit
     precision: str = "auto"  # auto: fp16 on CUDA; bf16 autocast on CPUs with native bf16, else fp32
     device: str = "auto"
-    pooling: str = "mean"
-    normalize: bool = True
-    query_instruction: str = ""
-    document_instruction: str = ""
-    activation: str = "sigmoid"  # cross-encoder score activation
+    # None below: what the checkpoint's own files say (heron/runtime/checkpoint.py); for a
+    # bare transformers checkpoint, mean pooling, normalized, no prompts, sigmoid.
+    pooling: str | None = None
+    normalize: bool | None = None
+    query_instruction: str | None = None  # prepended to query texts
+    document_instruction: str | None = None  # prepended to document texts
+    activation: str | None = None  # cross-encoder score activation
     max_queue_items: int = 8192
     packing: str = "auto"  # auto: pack batches (no padding) where the model family allows
+    # MUVERA fixed-dimensional encoding of a multi-vector model's output (worker/muvera.py):
+    # 2**k_sim buckets x dim_proj dims x repetitions; the seed makes every worker agree.
+    muvera_k_sim: int = 5
+    muvera_dim_proj: int = 16
+    muvera_repetitions: int = 20
+    muvera_seed: int = 42
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     id: str
-    adapter: str
+    adapter: str  # "auto": the family the checkpoint's files describe (the worker reads them)
     source: WeightSource
     profiles: Mapping[str, Profile]
     aliases: tuple[str, ...] = ()
     description: str = ""
+    # Run Python code that ships with the checkpoint (its config.json auto_map). Off by
+    # default; the config service refuses it unless its operator allowed it.
+    trust_remote_code: bool = False
 
     @property
     def profile(self) -> Profile:
@@ -89,6 +102,8 @@ class ModelConfig:
             out["aliases"] = list(self.aliases)
         if self.description:
             out["description"] = self.description
+        if self.trust_remote_code:
+            out["trust_remote_code"] = True
         return out
 
     def canonical(self) -> dict[str, Any]:
@@ -140,7 +155,16 @@ _PROFILE_FIELDS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "activation": (str, ACTIVATIONS),
     "max_queue_items": (int, "positive"),
     "packing": (str, PACKINGS),
+    "muvera_k_sim": (int, "positive"),
+    "muvera_dim_proj": (int, "positive"),
+    "muvera_repetitions": (int, "positive"),
+    "muvera_seed": (int, "positive"),
 }
+
+
+# Fields whose null means "not set": the checkpoint (or the model's own limit) decides.
+_NULLABLE = frozenset({"max_sequence_length", "pooling", "normalize", "query_instruction",
+                       "document_instruction", "activation"})
 
 
 def parse_profile(data: Any, src: str, where: str) -> Profile:
@@ -152,7 +176,7 @@ def parse_profile(data: Any, src: str, where: str) -> Profile:
         if key not in _PROFILE_FIELDS:
             raise ConfigError(src, name, f"unknown field; known: {sorted(_PROFILE_FIELDS)}")
         kind, rule = _PROFILE_FIELDS[key]
-        if value is None and key == "max_sequence_length":
+        if value is None and key in _NULLABLE:
             continue
         if kind is int:
             value = integral(value)  # 2.0 is 2: JSON (and its Schema) have one number type
@@ -166,6 +190,8 @@ def parse_profile(data: Any, src: str, where: str) -> Profile:
             raise ConfigError(src, name, f"must be at most {MAX_INTEGER}")
         if rule == "non-negative" and not (0 <= value <= MAX_INTEGER):
             raise ConfigError(src, name, f"must be a number from 0 to {MAX_INTEGER}")
+        if key == "muvera_k_sim" and value > MUVERA_MAX_K_SIM:
+            raise ConfigError(src, name, f"must be at most {MUVERA_MAX_K_SIM} (2^k buckets)")
         if isinstance(rule, tuple) and value not in rule:
             raise ConfigError(src, name, f"must be one of {list(rule)}, got {value!r}")
         values[key] = float(value) if key == "max_wait_ms" else value
@@ -195,7 +221,8 @@ def parse_source(data: Any, src: str) -> WeightSource:
 def parse_model_config(data: Any, src: str = "<model config>") -> ModelConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(src, "(root)", "must be a mapping")
-    known = {"id", "adapter", "source", "profiles", "aliases", "description"}
+    known = {"id", "adapter", "source", "profiles", "aliases", "description",
+             "trust_remote_code"}
     for key in data:
         if key not in known:
             raise ConfigError(src, str(key), f"unknown field; known: {sorted(known)}")
@@ -203,6 +230,8 @@ def parse_model_config(data: Any, src: str = "<model config>") -> ModelConfig:
     if not isinstance(model_id, str) or not model_id.strip():
         raise ConfigError(src, "id", "is required and must be a non-empty string")
     adapter = data.get("adapter")
+    if adapter is None:
+        adapter = AUTO
     if adapter not in ADAPTERS:
         raise ConfigError(src, "adapter", f"must be one of {list(ADAPTERS)}, got {adapter!r}")
     if "source" not in data:
@@ -228,8 +257,14 @@ def parse_model_config(data: Any, src: str = "<model config>") -> ModelConfig:
         description = ""
     if not isinstance(description, str):
         raise ConfigError(src, "description", "must be a string")
+    remote = data.get("trust_remote_code")
+    if remote is None:
+        remote = False
+    if not isinstance(remote, bool):
+        raise ConfigError(src, "trust_remote_code", "must be true or false")
     return ModelConfig(id=model_id, adapter=adapter, source=parse_source(data["source"], src),
-                       profiles=profiles, aliases=tuple(aliases), description=description)
+                       profiles=profiles, aliases=tuple(aliases), description=description,
+                       trust_remote_code=remote)
 
 
 def _read_yaml(path: Path) -> Any:
@@ -279,7 +314,7 @@ def load_bundle(name_or_path: str | Path, bundles_dir: Path | None = None) -> Bu
         if not model_path.exists():
             raise ConfigError(src, f"models[{i}]", f"file {model_path} does not exist")
         model = load_model_config(model_path)
-        if model.adapter not in adapters:
+        if model.adapter != AUTO and model.adapter not in adapters:
             raise ConfigError(src, f"models[{i}]",
                               f"model {model.id} uses adapter {model.adapter!r}, "
                               f"which the bundle does not list")
@@ -297,10 +332,10 @@ def load_bundle(name_or_path: str | Path, bundles_dir: Path | None = None) -> Bu
                   preload=None if preload is None else tuple(preload), source=src)
 
 
-def model_config_from_dir(model_id: str, adapter: str, path: str | Path,
+def model_config_from_dir(model_id: str, adapter: str | None, path: str | Path,
                           **profile: Any) -> ModelConfig:
     """A config for a local model directory (used by ``heron serve --model-dir``, tests)."""
-    return parse_model_config({"id": model_id, "adapter": adapter,
+    return parse_model_config({"id": model_id, "adapter": adapter or AUTO,
                                "source": {"path": str(path)},
                                "profiles": {"default": profile}}, f"<{model_id}>")
 

@@ -57,7 +57,7 @@ def test_unknown_model_is_404(registry: RouteTable) -> None:
 @pytest.mark.parametrize(("model", "task", "ok"), [
     ("enc", "encode", True), ("enc", "score", True), ("enc", "extract", False),
     ("spl", "encode", True), ("spl", "score", False), ("mv", "encode", True),
-    ("mv", "score", False), ("rr", "score", True), ("rr", "encode", False),
+    ("mv", "score", True), ("rr", "score", True), ("rr", "encode", False),
     ("ner", "extract", True), ("ner", "encode", False)])
 def test_task_follows_the_adapter(registry: RouteTable, model: str, task: str,
                                   ok: bool) -> None:

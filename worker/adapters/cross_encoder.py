@@ -14,11 +14,13 @@ class CrossEncoderAdapter(Adapter):
     name = "cross_encoder"
 
     def load_model(self, path: Path) -> torch.nn.Module:
-        return AutoModelForSequenceClassification.from_pretrained(str(path))
+        return AutoModelForSequenceClassification.from_pretrained(str(path), **self.remote_code)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         logits = self.model(**batch.model_inputs()).logits.float()
-        activation = self.profile.activation
+        # The profile's, else the CrossEncoder's saved activation_fn, else sentence-
+        # transformers' default (sigmoid for one label).
+        activation = self.profile.activation or self.checkpoint.activation or "sigmoid"
         if logits.shape[-1] == 1:
             scores = logits[:, 0]
             # softmax over one logit is always 1; for one-logit models it means sigmoid.

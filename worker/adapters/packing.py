@@ -15,6 +15,7 @@ adapter pads.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,9 +119,18 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
 AttentionInterface.register(ATTENTION_NAME, packed_attention)
 
 
-def can_pack(model: torch.nn.Module, device: torch.device, setting: str) -> bool:
-    return (setting != "off" and device.type == "cpu"
-            and getattr(model.config, "model_type", None) in PACKABLE_MODEL_TYPES)
+def refusal(model: torch.nn.Module, device: torch.device, setting: str) -> str | None:
+    """Why this model's batches cannot be packed; None when they can. HERON_PACKING=off
+    turns packing off for every model (the parity suite runs both ways)."""
+    if setting == "off" or os.environ.get("HERON_PACKING", "auto") == "off":
+        return "packing is off in its profile or HERON_PACKING"
+    if device.type != "cpu":
+        return f"packing runs on CPU only (the model is on {device.type})"
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in PACKABLE_MODEL_TYPES:
+        return (f"model type {model_type!r} has no plain per-item position ids or does not "
+                "route attention through transformers' interface")
+    return None
 
 
 def enable(model: torch.nn.Module) -> None:
@@ -142,6 +152,20 @@ class Packing:
         out = hidden.new_zeros(len(self.segments), hidden.shape[-1])
         out.index_add_(0, self.segment_ids, hidden[: len(self.segment_ids)])
         return out / lengths.unsqueeze(-1).to(hidden.dtype)
+
+    def sum(self, hidden: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-item sum of [T, H] token states (each row times ``weights`` [T real])."""
+        real = hidden[: len(self.segment_ids)]
+        if weights is not None:
+            real = real * weights.unsqueeze(-1)
+        out = hidden.new_zeros(len(self.segments), hidden.shape[-1])
+        return out.index_add_(0, self.segment_ids, real)
+
+    def max(self, hidden: torch.Tensor) -> torch.Tensor:
+        real = hidden[: len(self.segment_ids)]
+        out = hidden.new_full((len(self.segments), hidden.shape[-1]), float("-inf"))
+        index = self.segment_ids.unsqueeze(-1).expand_as(real)
+        return out.scatter_reduce_(0, index, real, reduce="amax")
 
     def first(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.index_select(0, self.starts)

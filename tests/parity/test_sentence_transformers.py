@@ -1,0 +1,95 @@
+"""sentence-transformers checkpoints (every pooling mode, Dense layers, prompts, a
+CrossEncoder, a SparseEncoder, a decoder embedder) served from their own files match what
+sentence-transformers computes. Checkpoints: references/st_models.py (ST 6, this venv) and
+references/st5_models.py (ST 5's file layout, .venv-parity)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from heron_sdk import Client
+from tests.parity.compare import assert_dense, assert_scores, assert_sparse
+from tests.parity.conftest import ParityCase
+from tests.parity.texts import QUERY, parity_texts
+
+TEXTS = parity_texts()
+ENCODERS = ["pool-mean", "pool-cls", "pool-max", "pool-lasttoken", "pool-weightedmean",
+            "pool-mean_sqrt_len_tokens", "dense-prompts", "prompt-excluded",
+            "decoder-lasttoken"]
+PREFIXES = ["st-", "st5-"]
+
+
+def _case(parity_cases: dict[str, ParityCase], name: str) -> ParityCase:
+    assert name in parity_cases, f"no reference case {name}: {sorted(parity_cases)}"
+    return parity_cases[name]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("name", ENCODERS)
+def test_encoder_matches_sentence_transformers(heron: Client, parity_cases: dict[str, ParityCase],
+                                               prefix: str, name: str) -> None:
+    case = _case(parity_cases, prefix + name)
+    want = case.expected()
+    docs = heron.encode(case.model_id, TEXTS)
+    assert_dense([r.dense for r in docs.items], want["documents"])
+    assert any(r.truncated for r in docs.items), "the texts must exercise truncation"
+    queries = heron.encode(case.model_id, TEXTS[: len(want["queries"])], is_query=True)
+    assert_dense([r.dense for r in queries.items], want["queries"])
+    ranked = heron.score(case.model_id, QUERY, TEXTS)
+    got = np.empty(len(TEXTS))
+    for r in ranked.results:
+        got[r.index] = r.score
+    assert_scores(got.tolist(), want["scores"])
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_cross_encoder_matches(heron: Client, parity_cases: dict[str, ParityCase],
+                               prefix: str) -> None:
+    case = _case(parity_cases, prefix + "cross-encoder")
+    ranked = heron.score(case.model_id, QUERY, TEXTS)
+    got = np.empty(len(TEXTS))
+    for r in ranked.results:
+        got[r.index] = r.score
+    assert_scores(got.tolist(), case.expected()["scores"])
+
+
+def _expected_sparse(want: dict[str, np.ndarray], side: str) -> list[dict[int, float]]:
+    count = sum(1 for k in want if k.startswith(f"{side}_terms_"))
+    return [dict(zip(want[f"{side}_terms_{i}"].tolist(), want[f"{side}_weights_{i}"].tolist(),
+                     strict=True)) for i in range(count)]
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+@pytest.mark.parametrize("name", ["sparse-splade-max", "sparse-splade-sum",
+                                  "sparse-inference-free"])
+def test_sparse_encoder_matches(heron: Client, parity_cases: dict[str, ParityCase],
+                                prefix: str, name: str) -> None:
+    """Documents through the MLM head; queries too, or (inference-free) by static lookup."""
+    case = _case(parity_cases, prefix + name)
+    want = case.expected()
+    for side, is_query in (("documents", False), ("queries", True)):
+        expected = _expected_sparse(want, side)
+        got = heron.encode(case.model_id, TEXTS[: len(expected)], output_types=["sparse"],
+                           is_query=is_query)
+        assert_sparse([{"indices": r.sparse.indices, "values": r.sparse.values}
+                       for r in got.items], expected)
+
+
+def test_models_route_shows_what_was_detected(parity_servers: dict[str, str]) -> None:
+    """GET /v1/models/{id}: the pooling, dimensions, prompts and similarity read from the
+    files, for a config that named none of them."""
+    with Client(parity_servers["serve"]) as client:
+        model = client.get_model("parity/st-dense-prompts")
+        assert model["adapter"] == "dense"
+        assert model["pooling"] == "cls" and model["normalize"] is False
+        assert model["dimensions"] == 16
+        assert model["prompts"] == {"query": "query: ", "document": "passage: "}
+        assert model["detected"]["similarity"] == "dot"
+        assert model["max_sequence_length"] == 200
+        decoder = client.get_model("parity/st-decoder-lasttoken")
+        assert decoder["pooling"] == "lasttoken" and decoder["packed"] is False
+        assert "packing_refused" in decoder
+        assert client.get_model("parity/st-cross-encoder")["task"] == "score"
+        assert client.get_model("parity/st-sparse-splade-max")["output_types"] == ["sparse"]
+        assert client.get_model("parity/st-sparse-inference-free")["inference_free_query"]
