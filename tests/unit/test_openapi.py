@@ -14,9 +14,11 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 import jsonschema_rs
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
 from openapi_spec_validator import validate
 from schemathesis.core import NotSet
+from schemathesis.core.errors import UnsupportedSchema
 
 from heron.config_service import body as body_module
 from heron.config_service.body import parse_posted
@@ -348,8 +350,15 @@ def test_the_model_config_parser_accepts_what_the_schema_allows_and_refuses_the_
     strategy = _CONFIG_SCHEMA["/v1/configs/models"]["POST"].as_strategy(generation_mode=mode)
 
     @settings(max_examples=150, suppress_health_check=list(HealthCheck), deadline=None)
-    @given(strategy)
-    def check(case: Any) -> None:
+    @given(st.data())
+    def check(data: st.DataObject) -> None:
+        try:
+            case = data.draw(strategy)
+        except UnsupportedSchema:
+            # Some of schemathesis's own negative mutations (a `not` it writes around an
+            # integer bound) are ones it cannot generate from; about 1 draw in 3 of this
+            # document's 17 profile fields hit one. Those draws are skipped, not the test.
+            reject()
         _parser_agrees_with_schema(case.body, _parse_posted, valid)
 
     check()
