@@ -63,6 +63,7 @@ class WorkerBeat:
     received: float  # gateway monotonic time
     memory_rss: int = 0
     model_memory: dict[str, int] = field(default_factory=dict)  # model id -> bytes
+    model_adapters: dict[str, str] = field(default_factory=dict)  # auto model id -> family
     # This worker's counters over the throughput window, oldest first (carried from beat to
     # beat by WorkerHealth.observe).
     counts: deque[ItemCount] = field(repr=False, default_factory=deque)
@@ -101,7 +102,8 @@ class WorkerHealth:
             worker_id=beat.worker_id, pool=beat.pool, bundle=beat.bundle,
             bundle_hash=beat.bundle_hash, ready=beat.ready, models=beat.models,
             queue_depth=beat.queue_depth, in_flight=beat.in_flight, address=beat.address,
-            received=received, memory_rss=beat.memory_rss, model_memory=beat.model_memory)
+            received=received, memory_rss=beat.memory_rss, model_memory=beat.model_memory,
+            model_adapters=beat.model_adapters)
         count = ItemCount(received, beat.items_done, beat.model_items)
         self._add_count(worker, count)
         self._check_bundle(worker)
@@ -188,6 +190,15 @@ class WorkerHealth:
             waiters = self._waiters.get(pool, [])
             if waiter in waiters:
                 waiters.remove(waiter)
+
+    def model_adapter(self, pool: str, model_id: str) -> str | None:
+        """The family a healthy worker of the pool loaded an ``auto`` model as (None: no
+        worker has loaded it yet)."""
+        for beat in self.healthy(pool):
+            family = beat.model_adapters.get(model_id)
+            if family is not None:
+                return family
+        return None
 
     def model_state(self, pool: str, model_id: str) -> str:
         """A model's state across the pool's healthy workers: the best any reports."""

@@ -8,6 +8,7 @@ requests a model can never serve are answered here (404/422) without reaching a 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,18 +33,33 @@ class ModelRoute:
     config: ModelConfig
     bundle: str
     pool: str
+    # For a config with adapter "auto": the family a worker of the pool loaded it as (its
+    # heartbeat says), once one has. Until then every call goes to the workers, who refuse
+    # what the family does not answer.
+    detected_adapter: str | None = None
 
     @property
     def model_id(self) -> str:
         return self.config.id
 
     @property
+    def adapter(self) -> str:
+        return self.detected_adapter or self.config.adapter
+
+    @property
     def tasks(self) -> tuple[str, ...]:
-        return adapter_family(self.config.adapter).tasks
+        return adapter_family(self.adapter).tasks
 
     @property
     def output_types(self) -> frozenset[str]:
-        return adapter_family(self.config.adapter).output_types
+        return adapter_family(self.adapter).output_types
+
+    def check_task(self, task: str) -> None:
+        """422 UNSUPPORTED_TASK unless the model answers ``task``."""
+        if task not in self.tasks:
+            raise HeronError(ErrorCode.UNSUPPORTED_TASK,
+                             f"model {self.model_id} does not support {task}; "
+                             f"it serves {', '.join(self.tasks)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +165,7 @@ class RouteTable:
     def route_for(self, name: str, task: str) -> ModelRoute:
         """The route of a model that can run ``task`` (404 unknown, 422 wrong task)."""
         route = self.resolve(name)
-        if task not in route.tasks:
-            raise HeronError(ErrorCode.UNSUPPORTED_TASK,
-                             f"model {route.model_id} does not support {task}; "
-                             f"it serves {route.tasks[0]}")
+        route.check_task(task)
         return route
 
 
@@ -164,5 +177,9 @@ def check_encode_outputs(route: ModelRoute, req: EncodeRequest) -> None:
 
 
 def describe(route: ModelRoute, state: str) -> dict[str, Any]:
-    """A model as GET /v1/models shows it (every server's shape, with its pool and bundle)."""
-    return model_description(route.config, state=state, bundle=route.bundle, pool=route.pool)
+    """A model as GET /v1/models shows it (every server's shape, with its pool and bundle);
+    an ``auto`` model that a worker has loaded, as the family it loaded as."""
+    config = route.config
+    if route.detected_adapter is not None:  # tasks and outputs as that family's
+        config = dataclasses.replace(config, adapter=route.detected_adapter)
+    return model_description(config, state=state, bundle=route.bundle, pool=route.pool)

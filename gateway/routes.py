@@ -11,6 +11,7 @@ reassembles the results.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -39,6 +40,7 @@ from heron.gateway.settings import GatewaySettings
 from heron.gateway.status_page import ClusterStatusPage
 from heron.runtime import api_types as api
 from heron.runtime import telemetry
+from heron.runtime.adapters import AUTO
 from heron.runtime.front import (
     Answer,
     InferenceCall,
@@ -201,7 +203,18 @@ class GatewayApp:
 
     def _route(self, call: InferenceCall, model: str, task: str) -> ModelRoute:
         """model -> bundle -> pool, or the pool the request names in X-Heron-Pool."""
-        return self.pools.route(call.headers, self.registry.route_for(model, task))
+        route = self._detected(self.pools.route(call.headers,
+                                                self.registry.route_for(model, task)))
+        route.check_task(task)  # again, where "auto" has turned out to be a family
+        return route
+
+    def _detected(self, route: ModelRoute) -> ModelRoute:
+        """An ``auto`` model's route with the family its pool's workers loaded it as."""
+        if route.config.adapter != AUTO:
+            return route
+        family = self.health.model_adapter(route.pool, route.model_id)
+        return route if family is None else dataclasses.replace(route,
+                                                                detected_adapter=family)
 
     async def _dispatch(self, route: ModelRoute, task: str, wire_body: dict[str, Any],
                         items: list[Item], options: RequestOptions,
@@ -284,7 +297,8 @@ class GatewayApp:
                        "healthy_workers": len(healthy)}, route.model_id, {})
 
     def _describe(self, route: ModelRoute) -> dict[str, Any]:
-        return describe(route, self.health.model_state(route.pool, route.model_id))
+        return describe(self._detected(route),
+                        self.health.model_state(route.pool, route.model_id))
 
     def models(self) -> list[dict[str, Any]]:
         return [self._describe(r) for r in self.registry.models()]

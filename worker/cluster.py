@@ -18,6 +18,7 @@ import torch
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
+from heron.runtime.adapters import AUTO
 from heron.runtime.configsync import ConfigFollower, Snapshot
 from heron.runtime.modelconfig import parse_model_config
 from heron.runtime.nats_link import NatsLink
@@ -127,6 +128,9 @@ class WorkerCluster:
             "items_done": sum(e.items_done for e in entries),
             "model_items": {e.config.id: e.items_done for e in entries if e.items_done},
             "model_memory": {e.config.id: e.resident_bytes for e in entries if e.runner},
+            # What "auto" configs loaded as, so gateways route and describe them exactly.
+            "model_adapters": {e.config.id: e.runner.adapter.name for e in entries
+                               if e.runner and e.config.adapter == AUTO},
         }
 
     async def stop(self) -> None:

@@ -96,8 +96,8 @@ class ModelConfigBody(TypedDict):
 
     id: ModelName
     adapter: NotRequired[Annotated[str | None, schema(
-        enum=[*ADAPTERS, None], default=AUTO, description="The model family; absent, null or 'auto': the worker "
-        "reads the checkpoint's files and picks it.")]]
+        enum=[*ADAPTERS, None], default=AUTO, description="The model family; absent, null or "
+        "'auto': the worker reads the checkpoint's files and picks it.")]]
     source: WeightSourceField
     trust_remote_code: NotRequired[Annotated[bool | None, schema(
         default=False, description="Run the Python code the checkpoint ships (config.json "

@@ -195,6 +195,9 @@ class WorkerHeartbeat:
     items_done: int = 0
     model_items: dict[str, int] = field(default_factory=dict)
     model_memory: dict[str, int] = field(default_factory=dict)
+    # model id -> the family it loaded as: what a config's adapter "auto" turned out to be
+    # (on the wire only when there is one, so beats of plain configs keep their bytes).
+    model_adapters: dict[str, str] = field(default_factory=dict)
     ts: float = field(default_factory=time.time)  # unix seconds, the worker's clock
 
     def to_wire(self) -> dict[str, Any]:
@@ -203,7 +206,8 @@ class WorkerHeartbeat:
                 "queue_depth": self.queue_depth, "in_flight": self.in_flight,
                 "memory_rss": self.memory_rss, "ready": self.ready, "address": self.address,
                 "items_done": self.items_done, "model_items": self.model_items,
-                "model_memory": self.model_memory, "ts": self.ts}
+                "model_memory": self.model_memory, "ts": self.ts,
+                **({"model_adapters": self.model_adapters} if self.model_adapters else {})}
 
     @classmethod
     def from_wire(cls, data: Any) -> WorkerHeartbeat:
@@ -220,6 +224,8 @@ class WorkerHeartbeat:
                 items_done=int(beat.get("items_done") or 0),
                 model_items=_counters(beat.get("model_items")),
                 model_memory=_counters(beat.get("model_memory")),
+                model_adapters={str(m): str(a) for m, a in
+                                dict(beat.get("model_adapters") or {}).items()},
                 ts=float(beat.get("ts") or 0.0))
         except KeyError as exc:
             raise ProtocolError(f"a heartbeat has no {exc.args[0]!r}") from None

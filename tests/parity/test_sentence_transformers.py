@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from heron_sdk import Client
+from heron_sdk.errors import ErrorCode, RequestError
 from tests.parity.compare import assert_dense, assert_scores, assert_sparse
 from tests.parity.conftest import ParityCase
 from tests.parity.texts import QUERY, parity_texts
@@ -93,3 +94,19 @@ def test_models_route_shows_what_was_detected(parity_servers: dict[str, str]) ->
         assert client.get_model("parity/st-cross-encoder")["task"] == "score"
         assert client.get_model("parity/st-sparse-splade-max")["output_types"] == ["sparse"]
         assert client.get_model("parity/st-sparse-inference-free")["inference_free_query"]
+
+
+def test_gateway_learns_the_family_an_auto_model_loaded_as(parity_servers: dict[str, str]
+                                                           ) -> None:
+    """A config with no adapter: the gateway routes every call until a worker's heartbeat
+    says what the checkpoint is, then describes it as that family and refuses the calls it
+    does not answer itself."""
+    with Client(parity_servers["gateway"]) as client:
+        model = client.get_model("parity/st-cross-encoder")
+        assert model["adapter"] == "cross_encoder" and model["tasks"] == ["score"]
+        assert "output_types" not in model
+        assert client.get_model("parity/st-pool-cls")["output_types"] == ["dense"]
+        with pytest.raises(RequestError) as err:
+            client.encode("parity/st-cross-encoder", ["a text"])
+        assert err.value.code == ErrorCode.UNSUPPORTED_TASK
+        assert "it serves score" in err.value.message

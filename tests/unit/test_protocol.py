@@ -169,6 +169,13 @@ def test_an_older_workers_heartbeat_reads_with_defaults() -> None:
     assert beat == WorkerHeartbeat("w", "p", models={"m": "ready"}, ready=True, ts=0.0)
 
 
+def test_a_heartbeat_names_what_auto_models_loaded_as_only_when_there_are_some() -> None:
+    beat = WorkerHeartbeat(worker_id="w", pool="p", models={"m": "ready"},
+                           model_adapters={"m": "cross_encoder"})
+    assert WorkerHeartbeat.from_wire(beat.to_wire()).model_adapters == {"m": "cross_encoder"}
+    assert "model_adapters" not in WorkerHeartbeat(worker_id="w", pool="p").to_wire()
+
+
 def test_headers_without_priority_or_deadline_leave_them_to_the_request() -> None:
     item = WorkItemHeaders.from_wire({"Heron-Task": "encode", "Heron-Item-Count": "3"})
     assert (item.task, item.count, item.start, item.reply) == ("encode", 3, 0, "")
