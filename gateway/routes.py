@@ -128,6 +128,7 @@ class GatewayApp:
                                   on_pool_ended=self._forget_pool)
         self._subscribed = False
         self._status_since = 0.0
+        self._grace_s = self.settings.startup_grace_s  # from _status_since, for a first beat
 
     # ---- NATS set-up ---------------------------------------------------------------------
     async def declare_streams(self, nc: NatsClient, js: JetStreamContext) -> None:
@@ -154,9 +155,13 @@ class GatewayApp:
         self.health.forget(pool)
 
     async def _after_reconnect(self, nc: NatsClient, js: JetStreamContext) -> None:
-        # Heartbeats went stale while NATS was away: give workers the start-up grace to
-        # beat again before calling a warm pool cold (202).
+        # Heartbeats went stale while NATS was away: give workers time to beat again before
+        # calling a warm pool cold (202). Not the start-up grace: a worker reconnects on its
+        # own schedule (0.5 s between tries) and then beats within a second, so it may be
+        # heard 2 s after this gateway is back (a 202 seen in CI's NATS restart test with
+        # the 1.5 s start-up grace); the heartbeat timeout covers that.
         self._status_since = time.monotonic()
+        self._grace_s = max(self.settings.startup_grace_s, self.health.timeout_s)
         await self.pools.start(js)  # watch the pools bucket afresh: leases may have ended
         await self.declare_streams(nc, js)
 
@@ -233,7 +238,7 @@ class GatewayApp:
     async def _require_capacity(self, route: ModelRoute) -> None:
         pool = route.pool
         if not self.health.has_capacity(pool):
-            grace = self.settings.startup_grace_s - (time.monotonic() - self._status_since)
+            grace = self._grace_s - (time.monotonic() - self._status_since)
             if not await self.health.wait_for_capacity(pool, grace):
                 await self._provisioning(route)
         self.demand.satisfied(pool)
