@@ -4,9 +4,16 @@ the same token count, per-token cosine >= 0.9999; scores within 1e-4, the same r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from tests.parity.texts import QUERY, parity_texts
+
+if TYPE_CHECKING:
+    from heron_sdk import Client
+    from heron_sdk.results import ScoreResult
+    from tests.parity.conftest import ParityCase
 
 MIN_COSINE = 0.9999
 SCORE_TOLERANCE = 1e-4
@@ -68,3 +75,33 @@ def assert_scores(got: list[float], want: np.ndarray) -> None:
     gaps = np.abs(np.diff(want[order_want]))
     if (gaps > 2 * SCORE_TOLERANCE).all():
         assert (order_got == order_want).all()
+
+
+# ---- reading answers and references ------------------------------------------------------
+def scores_in_order(ranked: ScoreResult, count: int) -> list[float]:
+    """A score call's results put back in document order."""
+    got = np.empty(count)
+    for r in ranked.results:
+        got[r.index] = r.score
+    return got.tolist()
+
+
+def listed(want: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+    """Per-text arrays a reference saved as ``<prefix>_0``, ``<prefix>_1``, ..."""
+    count = sum(1 for k in want if k.startswith(prefix + "_"))
+    return [want[f"{prefix}_{i}"] for i in range(count)]
+
+
+def assert_encoder_matches(heron: Client, case: ParityCase) -> None:
+    """A dense encoder's documents, queries and bi-encoder scores against the reference's
+    ``documents``, ``queries`` and ``scores`` (sentence-transformers' encode_document,
+    encode_query and similarity)."""
+    texts = parity_texts()
+    want = case.expected()
+    docs = heron.encode(case.model_id, texts)
+    assert_dense([r.dense for r in docs.items], want["documents"])
+    assert any(r.truncated for r in docs.items), "the texts must exercise truncation"
+    queries = heron.encode(case.model_id, texts[: len(want["queries"])], is_query=True)
+    assert_dense([r.dense for r in queries.items], want["queries"])
+    assert_scores(scores_in_order(heron.score(case.model_id, QUERY, texts), len(texts)),
+                  want["scores"])

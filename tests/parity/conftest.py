@@ -56,6 +56,12 @@ class ParityCase:
             return {k: data[k] for k in data.files}
 
 
+def case_named(cases: dict[str, ParityCase], name: str) -> ParityCase:
+    """The case a reference script made, or a failure naming the ones it did make."""
+    assert name in cases, f"no reference case {name}: {sorted(cases)}"
+    return cases[name]
+
+
 def reference_python(script: Path) -> str:
     venv = "main"
     for line in script.read_text().splitlines()[:3]:

@@ -15,18 +15,15 @@ from tests.parity.compare import (
     assert_multi_vector,
     assert_scores,
     assert_sparse,
+    scores_in_order,
 )
-from tests.parity.conftest import ParityCase
+from tests.parity.conftest import ParityCase, case_named
 from tests.parity.texts import QUERY, parity_texts
 
 TEXTS = parity_texts()
 CASES = ["bge-m3-xlmr", "bge-m3-bert"]
 ALL = ["dense", "sparse", "multi_vector"]
 
-
-def _case(parity_cases: dict[str, ParityCase], name: str) -> ParityCase:
-    assert name in parity_cases, f"no reference case {name}: {sorted(parity_cases)}"
-    return parity_cases[name]
 
 
 def _wire_sparse(items: list) -> list[dict]:
@@ -42,7 +39,7 @@ def _lexical(want: dict[str, np.ndarray], count: int) -> list[dict[int, float]]:
 def test_each_output_alone_matches_flagembedding(heron: Client,
                                                  parity_cases: dict[str, ParityCase],
                                                  name: str) -> None:
-    case = _case(parity_cases, name)
+    case = case_named(parity_cases, name)
     want = case.expected()
     dense = heron.encode(case.model_id, TEXTS, output_types=["dense"])
     assert_dense([r.dense for r in dense.items], want["documents"])
@@ -60,7 +57,7 @@ def test_three_outputs_in_one_request(heron: Client, parity_cases: dict[str, Par
                                       name: str) -> None:
     """One request for all three: the reference's answers, and the same as asking for each
     alone (they come from one forward pass)."""
-    case = _case(parity_cases, name)
+    case = case_named(parity_cases, name)
     want = case.expected()
     both = heron.encode(case.model_id, TEXTS, output_types=ALL)
     assert_dense([r.dense for r in both.items], want["documents"])
@@ -82,7 +79,7 @@ def test_three_outputs_in_one_request(heron: Client, parity_cases: dict[str, Par
 def test_queries_and_score_match(heron: Client, parity_cases: dict[str, ParityCase],
                                  name: str) -> None:
     """encode_queries (no instruction, the same length limit) and the dense score."""
-    case = _case(parity_cases, name)
+    case = case_named(parity_cases, name)
     want = case.expected()
     count = len(want["queries"])
     queries = heron.encode(case.model_id, TEXTS[:count], output_types=["dense", "multi_vector"],
@@ -90,11 +87,8 @@ def test_queries_and_score_match(heron: Client, parity_cases: dict[str, ParityCa
     assert_dense([r.dense for r in queries.items], want["queries"])
     assert_multi_vector([r.multi_vector for r in queries.items],
                         [want[f"query_colbert_{i}"] for i in range(count)])
-    ranked = heron.score(case.model_id, QUERY, TEXTS)
-    got = np.empty(len(TEXTS))
-    for r in ranked.results:
-        got[r.index] = r.score
-    assert_scores(got.tolist(), want["scores"])
+    assert_scores(scores_in_order(heron.score(case.model_id, QUERY, TEXTS), len(TEXTS)),
+                  want["scores"])
 
 
 def test_detected_as_bge_m3(parity_servers: dict[str, str]) -> None:

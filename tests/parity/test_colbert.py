@@ -1,7 +1,8 @@
 """PyLate ColBERT checkpoints served from their own files match PyLate: the token vectors of
 documents and queries (prefix tokens, query expansion, skiplist, truncation, the Dense
 projection), and ``score`` equals PyLate's MaxSim. Checkpoints: references/pylate_colbert.py
-(.venv-parity). ``muvera`` is worker/muvera.py's encoding of the returned token vectors."""
+and references/stanford_colbert.py (.venv-parity). ``muvera`` is worker/muvera.py's
+encoding of the returned token vectors."""
 
 from __future__ import annotations
 
@@ -10,35 +11,28 @@ import pytest
 
 from heron.worker.muvera import Muvera
 from heron_sdk import Client
-from tests.parity.compare import assert_multi_vector, assert_scores
-from tests.parity.conftest import ParityCase
+from tests.parity.compare import assert_multi_vector, assert_scores, listed, scores_in_order
+from tests.parity.conftest import ParityCase, case_named
 from tests.parity.texts import QUERY, parity_texts
 
 TEXTS = parity_texts()
-CASES = ["pylate-colbert", "pylate-colbert-attend", "pylate-colbert-noexp"]
+# PyLate's own format, and Stanford's (references/stanford_colbert.py) as PyLate loads it.
+CASES = ["pylate-colbert", "pylate-colbert-attend", "pylate-colbert-noexp",
+         "stanford-colbert", "stanford-colbert-attend"]
 # The profile's defaults (heron/runtime/modelconfig.py): the parity configs set none.
 MUVERA = {"k_sim": 5, "dim_proj": 16, "repetitions": 20, "seed": 42}
 
-
-def _case(parity_cases: dict[str, ParityCase], name: str) -> ParityCase:
-    assert name in parity_cases, f"no reference case {name}: {sorted(parity_cases)}"
-    return parity_cases[name]
-
-
-def _listed(want: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
-    count = sum(1 for k in want if k.startswith(prefix + "_"))
-    return [want[f"{prefix}_{i}"] for i in range(count)]
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_token_vectors_match_pylate(heron: Client, parity_cases: dict[str, ParityCase],
                                     name: str) -> None:
-    case = _case(parity_cases, name)
+    case = case_named(parity_cases, name)
     want = case.expected()
     docs = heron.encode(case.model_id, TEXTS, output_types=["multi_vector"])
-    assert_multi_vector([r.multi_vector for r in docs.items], _listed(want, "documents"))
+    assert_multi_vector([r.multi_vector for r in docs.items], listed(want, "documents"))
     assert any(r.truncated for r in docs.items), "the texts must exercise truncation"
-    queries = _listed(want, "queries")
+    queries = listed(want, "queries")
     got = heron.encode(case.model_id, TEXTS[: len(queries)], output_types=["multi_vector"],
                        is_query=True)
     assert_multi_vector([r.multi_vector for r in got.items], queries)
@@ -47,17 +41,14 @@ def test_token_vectors_match_pylate(heron: Client, parity_cases: dict[str, Parit
 @pytest.mark.parametrize("name", CASES)
 def test_score_is_pylate_maxsim(heron: Client, parity_cases: dict[str, ParityCase],
                                 name: str) -> None:
-    case = _case(parity_cases, name)
-    ranked = heron.score(case.model_id, QUERY, TEXTS)
-    got = np.empty(len(TEXTS))
-    for r in ranked.results:
-        got[r.index] = r.score
-    assert_scores(got.tolist(), case.expected()["scores"])
+    case = case_named(parity_cases, name)
+    assert_scores(scores_in_order(heron.score(case.model_id, QUERY, TEXTS), len(TEXTS)),
+                  case.expected()["scores"])
 
 
 def test_muvera_encodes_the_token_vectors(heron: Client,
                                           parity_cases: dict[str, ParityCase]) -> None:
-    case = _case(parity_cases, "pylate-colbert")
+    case = case_named(parity_cases, "pylate-colbert")
     dim = case.expected()["documents_0"].shape[1]
     fde = Muvera(dim, **MUVERA)
     for is_query in (False, True):

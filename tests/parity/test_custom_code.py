@@ -10,43 +10,26 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import yaml
 
 from heron_sdk import Client
-from tests.parity.compare import assert_dense, assert_scores
-from tests.parity.conftest import SERVER_ARGS, ParityCase
-from tests.parity.texts import QUERY, parity_texts
+from tests.parity.compare import assert_encoder_matches
+from tests.parity.conftest import SERVER_ARGS, ParityCase, case_named
+from tests.parity.texts import parity_texts
 from tests.support.servers import start_serve
 
 TEXTS = parity_texts()
 CASE = "custom-code"
 
 
-def _case(parity_cases: dict[str, ParityCase]) -> ParityCase:
-    assert CASE in parity_cases, f"no reference case {CASE}: {sorted(parity_cases)}"
-    return parity_cases[CASE]
-
-
 def test_custom_code_matches_sentence_transformers(heron: Client,
                                                    parity_cases: dict[str, ParityCase]) -> None:
-    case = _case(parity_cases)
-    want = case.expected()
-    docs = heron.encode(case.model_id, TEXTS)
-    assert_dense([r.dense for r in docs.items], want["documents"])
-    assert any(r.truncated for r in docs.items), "the texts must exercise truncation"
-    queries = heron.encode(case.model_id, TEXTS[: len(want["queries"])], is_query=True)
-    assert_dense([r.dense for r in queries.items], want["queries"])
-    ranked = heron.score(case.model_id, QUERY, TEXTS)
-    got = np.empty(len(TEXTS))
-    for r in ranked.results:
-        got[r.index] = r.score
-    assert_scores(got.tolist(), want["scores"])
+    assert_encoder_matches(heron, case_named(parity_cases, CASE))
 
 
 def test_custom_code_without_the_opt_in_fails_to_load(parity_cases: dict[str, ParityCase],
                                                       tmp_path: Path) -> None:
-    case = _case(parity_cases)
+    case = case_named(parity_cases, CASE)
     model_id = "parity/custom-code-untrusted"
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "untrusted.yaml").write_text(yaml.safe_dump(

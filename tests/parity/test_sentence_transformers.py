@@ -10,8 +10,13 @@ import pytest
 
 from heron_sdk import Client
 from heron_sdk.errors import ErrorCode, RequestError
-from tests.parity.compare import assert_dense, assert_scores, assert_sparse
-from tests.parity.conftest import ParityCase
+from tests.parity.compare import (
+    assert_encoder_matches,
+    assert_scores,
+    assert_sparse,
+    scores_in_order,
+)
+from tests.parity.conftest import ParityCase, case_named
 from tests.parity.texts import QUERY, parity_texts
 
 TEXTS = parity_texts()
@@ -21,38 +26,20 @@ ENCODERS = ["pool-mean", "pool-cls", "pool-max", "pool-lasttoken", "pool-weighte
 PREFIXES = ["st-", "st5-"]
 
 
-def _case(parity_cases: dict[str, ParityCase], name: str) -> ParityCase:
-    assert name in parity_cases, f"no reference case {name}: {sorted(parity_cases)}"
-    return parity_cases[name]
-
 
 @pytest.mark.parametrize("prefix", PREFIXES)
 @pytest.mark.parametrize("name", ENCODERS)
 def test_encoder_matches_sentence_transformers(heron: Client, parity_cases: dict[str, ParityCase],
                                                prefix: str, name: str) -> None:
-    case = _case(parity_cases, prefix + name)
-    want = case.expected()
-    docs = heron.encode(case.model_id, TEXTS)
-    assert_dense([r.dense for r in docs.items], want["documents"])
-    assert any(r.truncated for r in docs.items), "the texts must exercise truncation"
-    queries = heron.encode(case.model_id, TEXTS[: len(want["queries"])], is_query=True)
-    assert_dense([r.dense for r in queries.items], want["queries"])
-    ranked = heron.score(case.model_id, QUERY, TEXTS)
-    got = np.empty(len(TEXTS))
-    for r in ranked.results:
-        got[r.index] = r.score
-    assert_scores(got.tolist(), want["scores"])
+    assert_encoder_matches(heron, case_named(parity_cases, prefix + name))
 
 
 @pytest.mark.parametrize("prefix", PREFIXES)
 def test_cross_encoder_matches(heron: Client, parity_cases: dict[str, ParityCase],
                                prefix: str) -> None:
-    case = _case(parity_cases, prefix + "cross-encoder")
-    ranked = heron.score(case.model_id, QUERY, TEXTS)
-    got = np.empty(len(TEXTS))
-    for r in ranked.results:
-        got[r.index] = r.score
-    assert_scores(got.tolist(), case.expected()["scores"])
+    case = case_named(parity_cases, prefix + "cross-encoder")
+    assert_scores(scores_in_order(heron.score(case.model_id, QUERY, TEXTS), len(TEXTS)),
+                  case.expected()["scores"])
 
 
 def _expected_sparse(want: dict[str, np.ndarray], side: str) -> list[dict[int, float]]:
@@ -67,7 +54,7 @@ def _expected_sparse(want: dict[str, np.ndarray], side: str) -> list[dict[int, f
 def test_sparse_encoder_matches(heron: Client, parity_cases: dict[str, ParityCase],
                                 prefix: str, name: str) -> None:
     """Documents through the MLM head; queries too, or (inference-free) by static lookup."""
-    case = _case(parity_cases, prefix + name)
+    case = case_named(parity_cases, prefix + name)
     want = case.expected()
     for side, is_query in (("documents", False), ("queries", True)):
         expected = _expected_sparse(want, side)

@@ -2,8 +2,10 @@
 served from their own files match PyLate loading them: document and query token vectors
 (marker tokens from ``artifact.metadata``, its lengths and [MASK] attention, the
 ``linear.weight`` projection kept in the backbone's weights) and MaxSim ``score``.
-Checkpoints: references/stanford_colbert.py (.venv-parity). Also how the files are read:
-defaults without metadata, and the checkpoints that are refused rather than served wrong."""
+Checkpoints: references/stanford_colbert.py (.venv-parity); their token vectors and scores
+are checked with PyLate's cases in test_colbert.py. Here: what the models route shows, how
+the files are read (defaults without metadata), and the checkpoints that are refused rather
+than served wrong."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from heron.runtime.checkpoint import (
@@ -21,47 +22,6 @@ from heron.runtime.checkpoint import (
     read_checkpoint,
 )
 from heron_sdk import Client
-from tests.parity.compare import assert_multi_vector, assert_scores
-from tests.parity.conftest import ParityCase
-from tests.parity.texts import QUERY, parity_texts
-
-TEXTS = parity_texts()
-CASES = ["stanford-colbert", "stanford-colbert-attend"]
-
-
-def _case(parity_cases: dict[str, ParityCase], name: str) -> ParityCase:
-    assert name in parity_cases, f"no reference case {name}: {sorted(parity_cases)}"
-    return parity_cases[name]
-
-
-def _listed(want: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
-    count = sum(1 for k in want if k.startswith(prefix + "_"))
-    return [want[f"{prefix}_{i}"] for i in range(count)]
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_token_vectors_match_pylate(heron: Client, parity_cases: dict[str, ParityCase],
-                                    name: str) -> None:
-    case = _case(parity_cases, name)
-    want = case.expected()
-    docs = heron.encode(case.model_id, TEXTS, output_types=["multi_vector"])
-    assert_multi_vector([r.multi_vector for r in docs.items], _listed(want, "documents"))
-    assert any(r.truncated for r in docs.items), "the texts must exercise truncation"
-    queries = _listed(want, "queries")
-    got = heron.encode(case.model_id, TEXTS[: len(queries)], output_types=["multi_vector"],
-                       is_query=True)
-    assert_multi_vector([r.multi_vector for r in got.items], queries)
-
-
-@pytest.mark.parametrize("name", CASES)
-def test_score_is_pylate_maxsim(heron: Client, parity_cases: dict[str, ParityCase],
-                                name: str) -> None:
-    case = _case(parity_cases, name)
-    ranked = heron.score(case.model_id, QUERY, TEXTS)
-    got = np.empty(len(TEXTS))
-    for r in ranked.results:
-        got[r.index] = r.score
-    assert_scores(got.tolist(), case.expected()["scores"])
 
 
 def test_models_route_shows_stanford_settings(parity_servers: dict[str, str]) -> None:

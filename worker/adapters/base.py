@@ -168,6 +168,10 @@ class Adapter(ABC):
                       else self.profile.document_instruction)
         if configured is not None:
             return configured
+        return self.checkpoint_prompt(query)
+
+    def checkpoint_prompt(self, query: bool) -> str:
+        """The prompt the checkpoint's own files give a query or a document."""
         prompts = self.checkpoint.prompts
         names = ("query",) if query else ("document", "passage", "corpus")
         for name in names:

@@ -29,18 +29,24 @@ log = logging.getLogger("heron.worker.adapters.dense")
 def load_dense_layer(layer: DenseLayer) -> torch.nn.Module:
     """A sentence-transformers Dense module (``linear.weight``/``linear.bias``) as torch."""
     linear = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
-    state = _read_state(layer.path)
+    state = read_module_weights(layer.path)
     try:
         linear.load_state_dict({k.removeprefix("linear."): v for k, v in state.items()})
     except RuntimeError as exc:
         raise CheckpointError(f"{layer.path.name}: weights do not fit the layer: {exc}") from exc
+    return torch.nn.Sequential(linear, activation_module(layer))
+
+
+def activation_module(layer: DenseLayer) -> torch.nn.Module:
+    """The layer's activation, a torch.nn class by the name its config gives."""
     activation = getattr(torch.nn, layer.activation, None)
     if activation is None:
         raise CheckpointError(f"{layer.path.name}: unknown activation {layer.activation!r}")
-    return torch.nn.Sequential(linear, activation())
+    return activation()
 
 
-def _read_state(path: Path) -> dict[str, torch.Tensor]:
+def read_module_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A sentence-transformers module folder's weights (safetensors, else a torch file)."""
     if (path / "model.safetensors").exists():
         from safetensors.torch import load_file
         return load_file(str(path / "model.safetensors"))

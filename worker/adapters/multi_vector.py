@@ -47,7 +47,7 @@ from heron.worker.adapters.base import (
     masked_mean,
     to_numpy,
 )
-from heron.worker.adapters.dense import load_dense_layer
+from heron.worker.adapters.dense import activation_module, load_dense_layer, read_module_weights
 from heron.worker.muvera import Muvera
 
 # PyLate's defaults for settings its config leaves out.
@@ -66,14 +66,11 @@ class _ResidualDense(torch.nn.Module):
     def __init__(self, layer: DenseLayer) -> None:
         super().__init__()
         self.linear = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
-        activation = getattr(torch.nn, layer.activation, None)
-        if activation is None:
-            raise CheckpointError(f"{layer.path.name}: unknown activation {layer.activation!r}")
-        self.activation = activation()
+        self.activation = activation_module(layer)
         self.residual = (torch.nn.Linear(layer.in_features, layer.out_features, bias=False)
                          if layer.in_features != layer.out_features else None)
         try:
-            self.load_state_dict(_read_weights(layer.path))
+            self.load_state_dict(read_module_weights(layer.path))
         except RuntimeError as exc:
             raise CheckpointError(f"{layer.path.name}: weights do not fit the layer: {exc}"
                                   ) from exc
@@ -81,16 +78,6 @@ class _ResidualDense(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         skip = x if self.residual is None else self.residual(x)
         return self.activation(self.linear(x)) + skip
-
-
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    if (path / "model.safetensors").exists():
-        from safetensors.torch import load_file
-        return load_file(str(path / "model.safetensors"))
-    if (path / "pytorch_model.bin").exists():
-        return torch.load(str(path / "pytorch_model.bin"), map_location="cpu",
-                          weights_only=True)
-    raise CheckpointError(f"{path.name}: no model.safetensors or pytorch_model.bin")
 
 
 def _stanford_projection(root: Path, name: str) -> torch.nn.Module:
@@ -304,16 +291,10 @@ class MultiVectorAdapter(Adapter):
         return int(token_id)
 
     # ---- prompts and description --------------------------------------------------------
-    def prompt(self, query: bool, override: str | None = None) -> str:
-        """ColBERT marks queries and documents with prefix tokens, not text: the text
-        prefix is the request's instruction, else the profile's, else the checkpoint's
-        default prompt (the one PyLate's encode applies to both sides), else none."""
-        if override is not None:
-            return override
-        configured = (self.profile.query_instruction if query
-                      else self.profile.document_instruction)
-        if configured is not None:
-            return configured
+    def checkpoint_prompt(self, query: bool) -> str:
+        """ColBERT marks queries and documents with prefix tokens, not text: the checkpoint's
+        text prefix is its default prompt (the one PyLate's encode applies to both sides),
+        else none."""
         default = self.checkpoint.default_prompt_name
         return self.checkpoint.prompts.get(default, "") if default else ""
 
