@@ -38,14 +38,30 @@ async def read_raw(request: Request, limit: int = MAX_CONFIG_BYTES) -> bytes:
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    """safe_load without anchors/aliases: a 1 MiB body cannot expand into gigabytes."""
+    """safe_load without anchors/aliases (a 1 MiB body cannot expand into gigabytes) and
+    with lists and maps nested at most wire.MAX_BODY_DEPTH levels: PyYAML composes a
+    document recursively, so 5,000 levels (10 KB of ``[``) ran out of Python's stack."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0  # lists and maps open around the node being composed
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
             raise yaml.composer.ComposerError(None, None, "YAML aliases are not accepted",
                                               event.start_mark)
-        return super().compose_node(parent, index)
+        if not isinstance(event, yaml.CollectionStartEvent):
+            return super().compose_node(parent, index)
+        if self.depth >= wire.MAX_BODY_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"lists and maps nest deeper than {wire.MAX_BODY_DEPTH} levels",
+                event.start_mark)
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def decode(raw: bytes, content_type: str | None) -> Any:
@@ -56,18 +72,42 @@ def decode(raw: bytes, content_type: str | None) -> Any:
     value = (content_type or "").split(";")[0].strip().lower()
     fmt = wire.media_type(value) if value not in ("", "*/*") else None
     if fmt is not None:
-        return wire.decode(raw, fmt)
+        return wire.decode_request(raw, fmt)
     if value and value not in _YAML_TYPES and value != "application/x-www-form-urlencoded":
         raise HeronError(ErrorCode.UNSUPPORTED_MEDIA_TYPE,
                          f"Content-Type {content_type!r} is not supported; use "
                          f"application/yaml or application/json")
     try:
-        return yaml.load(raw.decode("utf-8"), Loader=_NoAliasLoader)
+        data = yaml.load(raw.decode("utf-8"), Loader=_NoAliasLoader)
     except UnicodeDecodeError as exc:
         raise HeronError(ErrorCode.MALFORMED_BODY, f"body is not UTF-8: {exc}") from exc
-    except yaml.YAMLError as exc:
+    # ValueError: an integer of more than 4,300 digits, which Python will not convert.
+    except (yaml.YAMLError, ValueError) as exc:
         raise HeronError(ErrorCode.MALFORMED_BODY,
-                         f"body is not valid YAML: {' '.join(str(exc).split())}") from exc
+                         f"body is not valid YAML: {' '.join(str(exc).split())[:300]}"
+                         ) from exc
+    _check_yaml_text(data)
+    return data
+
+
+def _check_yaml_text(data: Any) -> None:
+    """400 for a string (or key) that is no Unicode text: YAML's ``"\\ud800"`` escape
+    makes a lone surrogate, which no JSON or msgpack answer, store or log could write."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list | set):
+            stack.extend(node)
+        elif isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise HeronError(ErrorCode.MALFORMED_BODY,
+                                 f"body is not valid YAML text: {exc.reason} at "
+                                 f"{exc.start}") from None
 
 
 def check_name(name: str, field: str) -> None:

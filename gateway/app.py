@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from heron.gateway.routes import GatewayApp
 from heron.gateway.settings import GatewaySettings
 from heron.runtime.logs import uvicorn_log_config
 from heron.runtime.modelconfig import ConfigError
+from heron.runtime.received import RECEIVED_AT_HTTP
 
 DEFAULT_POOLS = {"default": "default"}  # bundle -> pool
 
@@ -49,10 +51,14 @@ def create_app(nats_url: str, pools: Mapping[str, str] | None = None, *,
 
 
 def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "info",
-                   access_log: bool = False) -> uvicorn.Config:
+                   access_log: bool = False,
+                   settings: GatewaySettings | None = None) -> uvicorn.Config:
+    """uvicorn's config; after SIGTERM, requests in flight get ``shutdown_timeout_s``."""
+    shutdown_s = (settings or GatewaySettings()).shutdown_timeout_s
     return uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                          access_log=access_log, loop="uvloop", http="httptools",
-                          log_config=uvicorn_log_config())
+                          access_log=access_log, loop="uvloop", http=RECEIVED_AT_HTTP,
+                          log_config=uvicorn_log_config(),
+                          timeout_graceful_shutdown=math.ceil(shutdown_s))
 
 
 async def serve(nats_url: str, pools: Mapping[str, str] | None = None, *,
@@ -64,7 +70,7 @@ async def serve(nats_url: str, pools: Mapping[str, str] | None = None, *,
     app = create_app(nats_url, pools, bundles_dir=bundles_dir, settings=settings,
                      gateway_id=gateway_id, config_url=config_url)
     config = uvicorn_config(app, host=host, port=port, log_level=log_level,
-                            access_log=access_log)
+                            access_log=access_log, settings=settings)
     await uvicorn.Server(config).serve()
 
 
@@ -76,4 +82,4 @@ def run(nats_url: str, pools: Mapping[str, str] | None = None, *, host: str = "1
     app = create_app(nats_url, pools, bundles_dir=bundles_dir, settings=settings,
                      gateway_id=gateway_id, config_url=config_url)
     uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
-                                  access_log=access_log)).run()
+                                  access_log=access_log, settings=settings)).run()

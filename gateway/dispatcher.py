@@ -9,6 +9,17 @@ Results are matched by their inbox (a key unique to this gateway), not by the re
 the id may be the client's own X-Request-Id, which two requests may share (a client that
 retries with the same id while its first try is still pending).
 
+Admission (gateway/admission.py): before anything is published, the request must be able to
+finish within what is left of its deadline (counted from when the gateway received it) at
+the rate the pool has been answering this gateway; else 429 QUEUE_FULL with the Retry-After
+the backlog implies.
+
+A publish that fails for want of a JetStream leader (an election after a node loss: no
+responders, timeouts) is retried with a backoff within the request's deadline and
+``publish_retry_max_s``: a node loss is latency, not errors. A retried publish may have
+been stored the first time: the slice is then computed twice and the second result is
+dropped as a duplicate (Reassembly), which is cheaper than deduplicating every publish.
+
 Phases measured here: ``publish`` (until JetStream acked every work item) and
 ``queue_wait`` (the rest of the wait that the worker did not account for: time in the
 stream before a worker took the item, and the result's way back).
@@ -27,6 +38,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import APIError
 from opentelemetry.trace import SpanKind
 
+from heron.gateway.admission import PoolLoad
 from heron.gateway.metrics import GatewayMetrics
 from heron.gateway.reassembly import Added, Reassembly
 from heron.gateway.settings import GatewaySettings
@@ -42,6 +54,11 @@ from heron_sdk.types import Item
 
 log = logging.getLogger("heron.gateway.dispatch")
 
+# Between tries of a publish that failed: a JetStream stream leader election on loopback
+# takes about 5 s (docs/benchmarks.md), so the tries go on for seconds, sparsely.
+PUBLISH_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
+NATS_WAIT_POLL_S = 0.05  # how often a request waiting for NATS to come back looks
+
 
 @dataclass(slots=True)
 class WorkRequest:
@@ -54,6 +71,7 @@ class WorkRequest:
     wire_body: dict[str, Any]  # the sdk request's to_wire(), all items
     items: list[Item]
     timeout_s: float
+    received_at: float  # time.monotonic() when the gateway received it: the deadline's start
     priority: int = 0
     shared_text: str = ""  # sent with every slice (the score query)
     # encode/extract: a slice that fails server-side (5xx) becomes per-item errors and the
@@ -67,7 +85,9 @@ class _Pending:
     pool: str
     done: asyncio.Future[None]
     items: int  # all the request's items
+    slices: int  # its work items
     answered: int = 0  # items whose slice's result arrived (no longer outstanding)
+    answered_slices: int = 0
     published_at: float = 0.0  # monotonic, when publishing began
     # The last slice's (result arrival - published_at - the worker's own time); None while
     # no result has told its worker's time.
@@ -82,12 +102,18 @@ class Dispatcher:
         self.settings = settings
         self.metrics = metrics
         self._pending: dict[str, _Pending] = {}
-        # pool -> items published and not answered. Items, not work items: a work item holds
-        # 1 to 64 of them, and the backlog that matters is the compute waiting.
-        self._outstanding: dict[str, int] = {}
+        # pool -> its backlog (items and work items published, not answered) and drain rate
+        self._loads: dict[str, PoolLoad] = {}
+
+    def load(self, pool: str) -> PoolLoad:
+        load = self._loads.get(pool)
+        if load is None:
+            load = self._loads[pool] = PoolLoad(self.settings.admission_min_samples)
+        return load
 
     def outstanding(self, pool: str) -> int:
-        return self._outstanding.get(pool, 0)
+        load = self._loads.get(pool)
+        return load.items if load is not None else 0
 
     def nats_unavailable(self, why: str) -> HeronError:
         return HeronError(ErrorCode.NATS_UNAVAILABLE, why,
@@ -97,24 +123,24 @@ class Dispatcher:
         """Publish ``work`` and wait for all its results (or its first error, or its
         deadline). Raises HeronError: 503 NATS away, 429 backlog, 504 deadline, or the
         error a worker answered."""
-        if not self.link.ready:
-            raise self.nats_unavailable("not connected to NATS; retry shortly")
-        started = time.monotonic()
+        await self.ensure_nats(work.timeout_s, work.received_at)
         max_payload = self.link.max_payload
         slices = plan_slices(work.items, max_items=self.settings.max_items_per_work_item,
                              max_tokens=self.settings.max_tokens_per_work_item,
                              max_payload=max_payload, shared_text=work.shared_text)
         encoded = encode_slices(work.wire_body, slices, max_payload)
-        self._check_backlog(work.pool, len(work.items))
+        remaining = self._remaining(work)
+        self._admit(work, len(encoded), remaining)
 
         inbox_key = new_request_id()
         reply = reply_subject(self.gateway_id, inbox_key)
-        deadline = time.time() + work.timeout_s
+        deadline = time.time() + remaining  # wall clock: workers compare it with theirs
         pending = _Pending(Reassembly(work.request_id, [s for s, _ in encoded],
                                       partial=work.partial), work.pool,
-                           asyncio.get_running_loop().create_future(), len(work.items))
+                           asyncio.get_running_loop().create_future(), len(work.items),
+                           len(encoded))
         self._pending[inbox_key] = pending
-        self._add_outstanding(work.pool, len(work.items))
+        self._add_outstanding(work.pool, len(work.items), len(encoded))
         timings = pending.reassembly.gateway_timings
         try:
             pending.published_at = time.monotonic()
@@ -123,17 +149,14 @@ class Dispatcher:
                                             "messaging.destination.name":
                                                 work_subject(work.pool, work.model_id),
                                             "heron.work_items": len(encoded)}):
-                await self._publish(work, reply, deadline, encoded, started)
+                await self._publish(work, reply, deadline, encoded)
             timings["publish"] = time.monotonic() - pending.published_at
-            remaining = work.timeout_s - (time.monotonic() - started)
             try:
                 with telemetry.span(telemetry.GATEWAY, "wait",
                                     attributes={"heron.work_items": len(encoded)}):
-                    await asyncio.wait_for(pending.done, max(0.0, remaining))
+                    await asyncio.wait_for(pending.done, max(0.0, self._remaining(work)))
             except TimeoutError:
-                raise HeronError(ErrorCode.DEADLINE_EXCEEDED,
-                                 f"request did not finish within timeout_s={work.timeout_s:g}"
-                                 ) from None
+                raise self._deadline_error(work) from None
         finally:
             self._forget(inbox_key)
         if pending.reassembly.error is not None:
@@ -142,30 +165,61 @@ class Dispatcher:
             timings["publish"], pending.unaccounted_s)
         return pending.reassembly
 
-    def _check_backlog(self, pool: str, count: int) -> None:
-        # A request bigger than the bound still goes when nothing else is waiting: it could
-        # never succeed otherwise.
-        outstanding = self.outstanding(pool)
-        if outstanding and outstanding + count > self.settings.max_outstanding_items_per_pool:
+    @staticmethod
+    def _remaining(work: WorkRequest) -> float:
+        """Seconds left of the request's deadline; 504 when none are."""
+        remaining = work.timeout_s - (time.monotonic() - work.received_at)
+        if remaining <= 0:
+            raise Dispatcher._deadline_error(work)
+        return remaining
+
+    @staticmethod
+    def _deadline_error(work: WorkRequest) -> HeronError:
+        return HeronError(ErrorCode.DEADLINE_EXCEEDED,
+                          f"request did not finish within timeout_s={work.timeout_s:g}")
+
+    async def ensure_nats(self, timeout_s: float, received_at: float) -> None:
+        """NATS is away: a gateway that was connected waits for the client's reconnect (to
+        any node of the cluster) within the request's deadline and ``nats_reconnect_wait_s``;
+        one that never connected answers 503 at once."""
+        if self.link.ready:
+            return
+        if self.link.set_up:
+            left = timeout_s - (time.monotonic() - received_at)
+            waited_until = time.monotonic() + min(left, self.settings.nats_reconnect_wait_s)
+            while not self.link.ready and time.monotonic() < waited_until:
+                await asyncio.sleep(NATS_WAIT_POLL_S)
+            if self.link.ready:
+                return
+        raise self.nats_unavailable("not connected to NATS; retry shortly")
+
+    def _admit(self, work: WorkRequest, slices: int, remaining: float) -> None:
+        """429 QUEUE_FULL unless the request can be done within ``remaining`` seconds."""
+        settings = self.settings  # (the bound on requests in flight is the front's)
+        refusal = self.load(work.pool).refusal(
+            len(work.items), slices, remaining, work.timeout_s,
+            settings.max_outstanding_items_per_pool)
+        if refusal is not None:
+            self.metrics.refused.labels(work.pool).inc()
             raise HeronError(ErrorCode.QUEUE_FULL,
-                             f"pool {pool} has {outstanding} items waiting (bound "
-                             f"{self.settings.max_outstanding_items_per_pool}); retry shortly",
-                             retry_after_s=self.settings.queue_full_retry_after_s)
+                             f"pool {work.pool} cannot take the request now: {refusal.reason}"
+                             "; retry after the Retry-After",
+                             retry_after_s=refusal.retry_after_s)
 
     async def _publish(self, work: WorkRequest, reply: str, deadline: float,
-                       encoded: list[tuple[Slice, bytes]], started: float) -> None:
-        js = self.link.js
-        assert js is not None
+                       encoded: list[tuple[Slice, bytes]]) -> None:
         subject = work_subject(work.pool, work.model_id)
-        timeout = max(0.05, min(self.settings.publish_timeout_s,
-                                work.timeout_s - (time.monotonic() - started)))
+        # Retries stop at the deadline or after publish_retry_max_s, whichever comes first.
+        give_up_at = time.monotonic() + min(self._remaining(work),
+                                            self.settings.publish_retry_max_s)
         publishes = []
         for piece, payload in encoded:
             headers = WorkItemHeaders(work.request_id, work.task, work.model_id, reply,
                                       piece.start, piece.count, deadline,
                                       work.priority).to_wire()
             telemetry.inject(headers)  # traceparent: the worker's spans join this trace
-            publishes.append(js.publish(subject, payload, timeout=timeout, headers=headers))
+            publishes.append(self._publish_one(work.pool, subject, payload, headers,
+                                               give_up_at))
         if len(publishes) == 1:
             outcomes: list[Any] = [await _settle(publishes[0])]
         else:
@@ -176,8 +230,41 @@ class Dispatcher:
         if failures:
             raise self._publish_error(work.pool, failures[0])
 
+    async def _publish_one(self, pool: str, subject: str, payload: bytes,
+                           headers: dict[str, str], give_up_at: float) -> None:
+        """One work item, retried with a backoff through a leader election (no responders,
+        timeouts, NATS reconnecting) until ``give_up_at``. A full stream is not retried."""
+        tries = 0
+        while True:
+            left = give_up_at - time.monotonic()
+            js = self.link.js
+            if js is not None and self.link.ready:
+                try:
+                    await js.publish(subject, payload, headers=headers,
+                                     timeout=max(0.05, min(self.settings.publish_timeout_s,
+                                                           left)))
+                    if tries:
+                        self.metrics.publish_retries.labels(pool).inc(tries)
+                    return
+                except APIError as exc:
+                    if _stream_full(exc):
+                        raise
+                    failure: BaseException = exc
+                except Exception as exc:  # no responders, timeout, connection lost
+                    failure = exc
+            else:
+                failure = ConnectionError("not connected to NATS")
+            pause = PUBLISH_BACKOFF_S[min(tries, len(PUBLISH_BACKOFF_S) - 1)]
+            tries += 1
+            if time.monotonic() + pause >= give_up_at:
+                raise failure
+            if tries == 1:
+                log.info("publishing to %s failed (%r); retrying for up to %.1f s",
+                         subject, failure, left)
+            await asyncio.sleep(pause)
+
     def _publish_error(self, pool: str, exc: BaseException) -> HeronError:
-        if isinstance(exc, APIError) and "maximum" in str(exc.description or "").lower():
+        if isinstance(exc, APIError) and _stream_full(exc):
             return HeronError(ErrorCode.QUEUE_FULL,
                               f"the work stream of pool {pool} is full: {exc.description}",
                               retry_after_s=self.settings.queue_full_retry_after_s)
@@ -195,6 +282,8 @@ class Dispatcher:
         if msg.reply:
             with contextlib.suppress(Exception):
                 await msg.respond(b"")
+        if not msg.data:
+            return  # a worker asking whether this gateway still listens (worker/gateway_inboxes)
         arrived = time.monotonic()
         try:
             result = WorkResult.from_wire(wire.decode(msg.data, wire.MSGPACK))
@@ -209,7 +298,13 @@ class Dispatcher:
         outcome = pending.reassembly.add(result)
         if outcome in (Added.ACCEPTED, Added.COMPLETE):
             pending.answered += result.count
-            self._add_outstanding(pending.pool, -result.count)
+            pending.answered_slices += 1
+            load = self.load(pending.pool)
+            if result.error is None:  # the rate is of work done, not of refusals
+                load.answered(result.count, 1, arrived)
+            else:
+                load.abandoned(result.count, 1, arrived)
+            self._show_outstanding(pending.pool)
             worker_s = result.timings.get("total") if result.timings else None
             if isinstance(worker_s, int | float):  # the last slice's: see Reassembly.timings
                 pending.unaccounted_s = max(0.0, arrived - pending.published_at - worker_s)
@@ -222,15 +317,24 @@ class Dispatcher:
         pending = self._pending.pop(inbox_key, None)
         if pending is not None:
             # Slices still unanswered stop counting: workers drop them past the deadline.
-            self._add_outstanding(pending.pool, pending.answered - pending.items)
+            self.load(pending.pool).abandoned(pending.items - pending.answered,
+                                              pending.slices - pending.answered_slices,
+                                              time.monotonic())
+            self._show_outstanding(pending.pool)
 
-    def _add_outstanding(self, pool: str, delta: int) -> None:
-        value = max(0, self._outstanding.get(pool, 0) + delta)
-        self._outstanding[pool] = value
-        self.metrics.outstanding.labels(pool).set(value)
+    def _add_outstanding(self, pool: str, items: int, slices: int) -> None:
+        self.load(pool).published(items, slices, time.monotonic())
+        self._show_outstanding(pool)
+
+    def _show_outstanding(self, pool: str) -> None:
+        self.metrics.outstanding.labels(pool).set(self.outstanding(pool))
 
     def pending_requests(self) -> int:
         return len(self._pending)
+
+
+def _stream_full(exc: APIError) -> bool:
+    return "maximum" in str(exc.description or "").lower()
 
 
 def split_unaccounted(publish_s: float, unaccounted_s: float | None) -> tuple[float, float]:

@@ -36,6 +36,14 @@ class GatewayMetrics:
         self.outstanding = Gauge("heron_gateway_outstanding_items",
                                  "Items published to the pool and not answered yet", ["pool"],
                                  registry=r)
+        self.refused = Counter("heron_gateway_admission_refused_total",
+                               "Requests refused 429 because they could not finish within "
+                               "their deadline at the pool's measured rate, or past its "
+                               "backlog bound", ["pool"], registry=r)
+        self.publish_retries = Counter("heron_gateway_publish_retries_total",
+                                       "JetStream publishes tried again (leader election, "
+                                       "NATS reconnecting) that then succeeded", ["pool"],
+                                       registry=r)
         self.pending_demand = Gauge("heron_gateway_pending_demand",
                                     "Requests answered 202 (no healthy worker) in the trailing "
                                     "demand window", ["pool"], registry=r)

@@ -30,6 +30,11 @@ from heron.runtime.pool_store import LeaseMirror, PoolStore, pool_not_found
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 from heron_sdk.pools import POOL_HEADER, PoolLease, PoolSpec, check_pool_name, renew_ttl
+from heron_sdk.types import check_fields, check_finite
+
+# The fields of the pools API's bodies (PoolSpec and renew_ttl read them).
+POOL_CREATE_FIELDS = frozenset({"name", "bundle", "workers", "ttl_s"})
+POOL_RENEW_FIELDS = frozenset({"ttl_s"})
 
 log = logging.getLogger("heron.gateway.pools")
 
@@ -135,7 +140,7 @@ class GatewayPools:
     # ---- routes --------------------------------------------------------------------------
     async def create(self, request: Request) -> Response:
         body, _ = await read_body(request)
-        spec = PoolSpec.from_wire(body)
+        spec = PoolSpec.from_wire(_checked(body, POOL_CREATE_FIELDS))
         registry = self.registry
         if not registry.loaded:
             raise HeronError(ErrorCode.NOT_READY, "the model registry is not loaded yet",
@@ -186,9 +191,9 @@ class GatewayPools:
     async def renew_pool(self, request: Request) -> Response:
         name = self._leased_name(request)
         raw = await read_raw(request)
-        body = wire.decode(raw, wire.request_format(request.headers.get("content-type"))
-                           ) if raw.strip() else None
-        renew_ttl(body, 1.0)  # a bad body is a 422 before anything is read or written
+        body = wire.decode_request(raw, wire.request_format(
+            request.headers.get("content-type"))) if raw.strip() else None
+        renew_ttl(_checked(body, POOL_RENEW_FIELDS), 1.0)  # a bad body: 422 before any write
         async with self._nats_errors():
             lease, revision = await PoolStore(
                 self._jetstream(), self.settings.publish_timeout_s
@@ -213,3 +218,14 @@ class GatewayPools:
             log.warning("pools write failed on NATS: %r", exc)
             raise self._nats_unavailable(
                 f"NATS did not complete the pools write: {type(exc).__name__}") from exc
+
+
+def _checked(body: Any, known: frozenset[str]) -> Any:
+    """A pools body with every key known (422 naming the first that is not) and every
+    number finite (NaN and the infinities arrive in msgpack); other shapes are the
+    parser's to refuse."""
+    if isinstance(body, dict):
+        check_fields(body, known)
+        for key, value in body.items():
+            check_finite(value, key)
+    return body

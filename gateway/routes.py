@@ -37,7 +37,7 @@ from heron.gateway.pools import GatewayPools
 from heron.gateway.reassembly import Reassembly, merge_items, merge_scores
 from heron.gateway.registry import ModelRoute, RouteTable, check_encode_outputs, describe
 from heron.gateway.settings import GatewaySettings
-from heron.gateway.status_page import ClusterStatusPage
+from heron.gateway.status_page import ClusterStatusPage, subscribe_supervisor_events
 from heron.runtime import api_types as api
 from heron.runtime import telemetry
 from heron.runtime.adapters import AUTO
@@ -127,6 +127,7 @@ class GatewayApp:
                                   nats_unavailable=self.dispatcher.nats_unavailable,
                                   on_pool_ended=self._forget_pool)
         self._subscribed = False
+        self.status_page: ClusterStatusPage | None = None  # set by build()
         self._status_since = 0.0
         self._grace_s = self.settings.startup_grace_s  # from _status_since, for a first beat
 
@@ -172,6 +173,8 @@ class GatewayApp:
             await nc.subscribe(inbox_prefix(self.gateway_id) + ".>",
                                cb=self.dispatcher.on_result)
             await nc.subscribe(STATUS_WILDCARD, cb=self._on_status)
+            if self.status_page is not None:  # heron up's restarts, for the cluster page
+                await subscribe_supervisor_events(nc, self.status_page)
             self._subscribed = True
             self._status_since = time.monotonic()
         if self.config_sync is not None:
@@ -222,17 +225,18 @@ class GatewayApp:
                                                                 detected_adapter=family)
 
     async def _dispatch(self, route: ModelRoute, task: str, wire_body: dict[str, Any],
-                        items: list[Item], options: RequestOptions,
+                        items: list[Item], options: RequestOptions, call: InferenceCall,
                         shared_text: str = "", partial: bool = False) -> Reassembly:
-        if not self.link.ready:
-            raise self.dispatcher.nats_unavailable("not connected to NATS; retry shortly")
+        timeout_s = options.timeout_s or self.settings.default_timeout_s
+        # First: with NATS away, heartbeats stop too, and the pool would look cold (202).
+        await self.dispatcher.ensure_nats(timeout_s, call.received_at)
         await self._require_capacity(route)
         note_route(route.model_id, route.pool)  # the request's log lines and span name both
         context = current_request()  # bound by RequestScope: the client's X-Request-Id
         return await self.dispatcher.submit(WorkRequest(
             request_id=context.request_id if context else new_request_id(),
             pool=route.pool, task=task, model_id=route.model_id, wire_body=wire_body,
-            items=items, timeout_s=options.timeout_s or self.settings.default_timeout_s,
+            items=items, timeout_s=timeout_s, received_at=call.received_at,
             priority=options.priority, shared_text=shared_text, partial=partial))
 
     async def _require_capacity(self, route: ModelRoute) -> None:
@@ -263,7 +267,7 @@ class GatewayApp:
         # All or nothing (OpenAI embeddings): any failed slice fails the call.
         partial = not call.all_or_nothing
         done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options,
-                                    partial=partial)
+                                    call, partial=partial)
         failures = done.failures() if partial else ()
         return self._answer(merge_items(route.model_id, done.parts(), done.expected,
                                         failures), route, done)
@@ -273,14 +277,14 @@ class GatewayApp:
         wire_body = req.to_wire()
         wire_body.pop("top_k", None)  # slices rank all their items; top_k applies here
         done = await self._dispatch(route, "score", wire_body, req.items, req.options,
-                                    shared_text=req.query)
+                                    call, shared_text=req.query)
         return self._answer(merge_scores(route.model_id, done.parts(), done.expected,
                                          req.top_k), route, done)
 
     async def extract(self, model: str, req: ExtractRequest, call: InferenceCall) -> Answer:
         route = self._route(call, model, "extract")
         done = await self._dispatch(route, "extract", req.to_wire(), req.items, req.options,
-                                    partial=True)
+                                    call, partial=True)
         return self._answer(merge_items(route.model_id, done.parts(), done.expected,
                                         done.failures()), route, done)
 
@@ -357,6 +361,7 @@ class GatewayApp:
             outstanding=self.dispatcher.outstanding, pending_demand=self.demand.pending,
             nats_connected=lambda: self.link.connected,
             ready=lambda: self.link.ready and self.registry.loaded)
+        self.status_page = page
         routes = [
             Route("/v1/pools", self.pools.create, methods=["POST"]),
             Route("/v1/pools", self.pools.list_pools, methods=["GET"]),
@@ -368,7 +373,9 @@ class GatewayApp:
             *page.routes(),  # the live cluster page: / and its WebSocket
         ]
         app = build_inference_app(self, title="Heron gateway", lifespan=self.lifespan,
-                                  extra_routes=routes, extra_operations=GATEWAY_OPERATIONS)
+                                  extra_routes=routes, extra_operations=GATEWAY_OPERATIONS,
+                                  max_in_flight=self.settings.max_concurrent_requests,
+                                  max_body_bytes=self.settings.max_body_bytes)
         app.state.gateway = self  # tests and `heron up` reach the live object through here
         return app
 

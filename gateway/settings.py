@@ -1,48 +1,80 @@
-"""Every knob of one gateway process, in one frozen dataclass with documented defaults."""
+"""Every limit and timeout of one gateway process: a frozen dataclass whose fields are the
+flags of ``heron gateway`` and HERON_GATEWAY_* variables (heron.runtime.settings; the
+reference table in docs/operations.md is checked against it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
-from heron.runtime.nats_names import (
-    MAX_ITEMS_PER_WORK_ITEM,
-    MAX_TOKENS_PER_WORK_ITEM,
-    WorkStreamSpec,
-    stream_replicas,
-)
+from heron.runtime.settings import WorkStreamSettings, setting
+from heron_sdk.types import MAX_BODY_BYTES
+
+# Work item size bounds; heron.runtime.nats_names holds the same numbers
+# (tests/unit/test_settings.py checks). NATS max_payload bounds bytes as well.
+MAX_ITEMS_PER_WORK_ITEM = 64
+MAX_TOKENS_PER_WORK_ITEM = 8192  # estimated at the gateway as characters / 4
 
 
 @dataclass(frozen=True, slots=True)
-class GatewaySettings:
-    # A request without timeout_s still gets a deadline: nothing waits forever.
-    default_timeout_s: float = 30.0
-    # Items outstanding (published, not answered) per pool before 429 QUEUE_FULL.
-    max_outstanding_items_per_pool: int = 4096
-    queue_full_retry_after_s: float = 1.0
-    # Worker health: a worker counts while ready and its last beat is this recent.
-    heartbeat_timeout_s: float = 3.0
-    # Right after start the gateway has heard no beats yet: wait this long for one before
-    # answering 202, so a restart of the gateway never looks like a cold pool.
-    startup_grace_s: float = 1.5
-    # 202 provisioning: how soon to retry, and how long a new worker takes to be ready.
-    provisioning_retry_after_s: float = 2.0
-    provisioning_estimate_s: float = 30.0
-    # heron_gateway_pending_demand{pool}: 202 answers in this trailing window.
-    demand_window_s: float = 60.0
-    # At most one demand message per pool per interval (autoscalers need a signal, not a flood).
-    demand_publish_interval_s: float = 1.0
-    # JetStream publish acks and NATS connection attempts: fail fast instead of hanging.
-    publish_timeout_s: float = 2.0
-    connect_timeout_s: float = 2.0
-    nats_retry_after_s: float = 2.0
-    # Work item size bounds (heron.runtime.nats_names defaults); NATS max_payload bounds
-    # bytes as well.
-    max_items_per_work_item: int = MAX_ITEMS_PER_WORK_ITEM
-    max_tokens_per_work_item: int = MAX_TOKENS_PER_WORK_ITEM
-    # How the gateway declares work streams when it starts first (workers use the same spec).
-    stream_replicas: int = field(default_factory=stream_replicas)  # HERON_STREAM_REPLICAS
-    stream_file_storage: bool = True
+class GatewaySettings(WorkStreamSettings):
+    """The gateway's knobs. The work stream's (``stream_*``, inherited) are shared with the
+    workers, which declare the same streams."""
 
-    def stream_spec(self, pool: str) -> WorkStreamSpec:
-        return WorkStreamSpec(pool=pool, replicas=self.stream_replicas,
-                              file_storage=self.stream_file_storage)
+    env_prefix: ClassVar[str] = "HERON_GATEWAY_"
+
+    default_timeout_s: float = setting(
+        30.0, "Deadline of a request that sets no timeout_s: nothing waits forever", above=0)
+    max_concurrent_requests: int = setting(
+        1024, "Inference requests in flight on this gateway before 429 QUEUE_FULL", minimum=1)
+    max_outstanding_items_per_pool: int = setting(
+        4096, "Items published to a pool and not answered yet, on this gateway, before 429 "
+              "QUEUE_FULL (a bigger request still goes when nothing waits)", minimum=1)
+    admission_min_samples: int = setting(
+        8, "Results per pool before the gateway trusts its throughput estimate for "
+           "admission", minimum=1)
+    queue_full_retry_after_s: float = setting(
+        1.0, "Retry-After of a 429 QUEUE_FULL for a full backlog or stream")
+    max_body_bytes: int = setting(
+        MAX_BODY_BYTES, "Largest request body, before 413 PAYLOAD_TOO_LARGE", minimum=1,
+        size=True)
+    max_items_per_work_item: int = setting(
+        MAX_ITEMS_PER_WORK_ITEM, "Most items in one work item: a request is split into work "
+                                 "items the pool's workers share", minimum=1)
+    max_tokens_per_work_item: int = setting(
+        MAX_TOKENS_PER_WORK_ITEM, "Most tokens in one work item, estimated as characters / "
+                                  "4 (a longer single text goes alone)", minimum=1)
+    heartbeat_timeout_s: float = setting(
+        3.0, "A worker counts as capacity while its last heartbeat (one a second) said ready "
+             "and is this recent", above=0)
+    # Right after start the gateway has heard no beats yet: it waits this long for one
+    # before answering 202, so a restart of the gateway never looks like a cold pool.
+    startup_grace_s: float = setting(
+        1.5, "After connecting, how long to wait for a pool's first heartbeat before "
+             "answering 202 (a restarted gateway never makes a warm pool look cold)")
+    provisioning_retry_after_s: float = setting(
+        2.0, "Retry-After of a 202 (no healthy worker in the pool)")
+    provisioning_estimate_s: float = setting(
+        30.0, "How long a new worker takes to be ready: a 202's estimated_wait_s counts down "
+              "from it")
+    demand_window_s: float = setting(
+        60.0, "The trailing window of 202 answers that heron_gateway_pending_demand{pool} "
+              "counts (KEDA scales a pool to zero once it reads 0)", above=0)
+    demand_publish_interval_s: float = setting(
+        1.0, "At most one demand message per pool per this many seconds")
+    publish_timeout_s: float = setting(
+        2.0, "Wait for one JetStream publish acknowledgement", above=0)
+    publish_retry_max_s: float = setting(
+        10.0, "How long a JetStream publish is retried, with backoff, within the request's "
+              "deadline, through a leader election (0: not retried)")
+    nats_reconnect_wait_s: float = setting(
+        2.0, "NATS away (the connection's node lost): how long a request waits for the client "
+             "to reconnect, to this or another node, before 503 NATS_UNAVAILABLE "
+             "(reconnecting to another node of a cluster took under a second on loopback)")
+    connect_timeout_s: float = setting(
+        2.0, "Timeout of one NATS connection attempt", above=0)
+    nats_retry_after_s: float = setting(
+        2.0, "Retry-After of a 503 NATS_UNAVAILABLE")
+    shutdown_timeout_s: float = setting(
+        30.0, "After SIGTERM, how long requests in flight may take to finish before the "
+              "gateway closes their connections")

@@ -4,7 +4,8 @@ it a JSON snapshot of the cluster about once a second.
 
 Everything shown comes from what this gateway already tracks: its pools (static and
 leased), the workers' heartbeats (gateway/health.py, including their item counters, from
-which it computes recent throughput), pending demand, and its own backlog. The feed is
+which it computes recent throughput), pending demand, its own backlog, and the last deaths
+and restarts ``heron up`` reported on NATS (``SupervisorEventLog``). The feed is
 one-way: what a client sends is read and ignored, so a client can neither stall nor break
 it. Like /readyz and /metrics the page needs no API key: it shows no request contents.
 """
@@ -13,12 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
@@ -27,6 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from heron.gateway.health import THROUGHPUT_WINDOW_S, WorkerBeat, WorkerHealth
 from heron.gateway.pools import GatewayPools
 from heron.gateway.registry import RouteTable
+from heron.runtime.nats_names import SUPERVISOR_EVENTS
 from heron_sdk import wire
 
 log = logging.getLogger("heron.gateway.status_page")
@@ -48,6 +55,8 @@ GONE_SHOWN_S = 60.0
 SEND_TIMEOUT_S = 10.0
 MAX_CLIENTS = 64  # each open page holds a socket and a task; more get close code 1013
 SNAPSHOT_VERSION = 1
+SUPERVISOR_EVENTS_KEPT = 20  # the last deaths and restarts of `heron up`'s children shown
+CAUSE_MAX_CHARS = 1000  # an event's cause (log lines) as shown; the full log is on disk
 # The page runs only its own script and style and talks only to this gateway.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -66,7 +75,8 @@ class ClusterStatusPage:
     def __init__(self, gateway_id: str, health: WorkerHealth, registry: RouteTable,
                  pools: GatewayPools, *, outstanding: Callable[[str], int],
                  pending_demand: Callable[[str], int], nats_connected: Callable[[], bool],
-                 ready: Callable[[], bool]) -> None:
+                 ready: Callable[[], bool],
+                 supervisor_events: SupervisorEventLog | None = None) -> None:
         self.gateway_id = gateway_id
         self.health = health
         self.registry = registry
@@ -75,6 +85,7 @@ class ClusterStatusPage:
         self._pending_demand = pending_demand
         self._nats_connected = nats_connected
         self._ready = ready
+        self.supervisor_events = supervisor_events or SupervisorEventLog()
         self.clients = 0
         self._files = {name: (STATIC_DIR / name).read_bytes() for name in (PAGE, *ASSETS)}
         self._cached: tuple[float, str] | None = None  # (monotonic time, encoded snapshot)
@@ -127,7 +138,8 @@ class ClusterStatusPage:
                 "ready": self._ready(),
                 "heartbeat_timeout_s": health.timeout_s,
                 "throughput_window_s": THROUGHPUT_WINDOW_S,
-                "pools": pools, "workers": workers, "models": models}
+                "pools": pools, "workers": workers, "models": models,
+                "supervisor_events": self.supervisor_events.recent()}
 
     def _worker(self, beat: WorkerBeat, now: float, items_per_s: float,
                 model_items_per_s: dict[str, float]) -> dict[str, Any]:
@@ -196,6 +208,71 @@ class ClusterStatusPage:
                     and websocket.client_state == WebSocketState.CONNECTED):
                 with contextlib.suppress(Exception):  # it may be going at this very moment
                     await websocket.close()
+
+
+class SupervisorEventLog:
+    """The last SUPERVISOR_EVENTS_KEPT events ``heron up`` published on SUPERVISOR_EVENTS
+    (a child died, was restarted), newest first. ``heron up`` publishes each event once and
+    again after a gateway it restarted is ready (so the new gateway shows what happened to
+    the old one): an event heard twice is kept once. A message that is not such an event
+    is dropped with a debug line: the page shows nothing it cannot vouch for."""
+
+    def __init__(self, keep: int = SUPERVISOR_EVENTS_KEPT) -> None:
+        self._events: deque[dict[str, Any]] = deque(maxlen=keep)
+
+    def add(self, data: bytes) -> bool:
+        """Keep one published event; False when it is malformed or already kept."""
+        event = _parse_event(data)
+        if event is None:
+            log.debug("dropping a malformed supervisor event: %.200r", data)
+            return False
+        key = (event["child"], event["event"], event["at"], event["restarts"])
+        if any((e["child"], e["event"], e["at"], e["restarts"]) == key for e in self._events):
+            return False
+        self._events.append(event)
+        return True
+
+    def recent(self) -> list[dict[str, Any]]:
+        return sorted(self._events, key=lambda e: e["at"], reverse=True)
+
+
+def _parse_event(data: bytes) -> dict[str, Any] | None:
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    child, event, status = raw.get("child"), raw.get("event"), raw.get("status")
+    restarts, at, cause = raw.get("restarts", 0), raw.get("at"), raw.get("cause", "")
+    restart_in_s = raw.get("restart_in_s")
+    if not (isinstance(child, str) and child and isinstance(event, str) and event
+            and (status is None or _is_int(status)) and _is_int(restarts)
+            and _is_number(at) and isinstance(cause, str)
+            and (restart_in_s is None or _is_number(restart_in_s))):
+        return None
+    return {"child": child[:200], "event": event[:40], "status": status,
+            "restarts": restarts, "at": float(at), "cause": cause[-CAUSE_MAX_CHARS:],
+            "restart_in_s": None if restart_in_s is None else float(restart_in_s)}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+async def subscribe_supervisor_events(nc: NatsClient, page: ClusterStatusPage) -> None:
+    """Feed ``page`` the events ``heron up`` publishes (call once per NATS client, in the
+    gateway's NATS set-up: the client restores the subscription after a reconnect)."""
+
+    async def on_event(msg: Msg) -> None:
+        page.supervisor_events.add(msg.data)
+
+    await nc.subscribe(SUPERVISOR_EVENTS, cb=on_event)
 
 
 async def _wait_for_disconnect(websocket: WebSocket) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from heron_sdk.errors import ProtocolError, invalid_field
-from heron_sdk.types import integral
+from heron_sdk.types import check_fields, check_finite, integral
 
 POOL_HEADER = "X-Heron-Pool"
 
@@ -42,6 +42,7 @@ def _number(body: dict[str, Any], key: str, default: float, low: float, high: fl
     value = body.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise invalid_field(key, "must be a number")
+    check_finite(value, key)
     if not low <= value <= high:
         raise invalid_field(key, f"must be between {low:g} and {high:g}")
     return float(value)
@@ -60,9 +61,7 @@ class PoolSpec:
     def from_wire(cls, body: Any) -> PoolSpec:
         if not isinstance(body, dict):
             raise invalid_field("body", "must be an object")
-        unknown = set(body) - {"name", "bundle", "workers", "ttl_s"}
-        if unknown:
-            raise invalid_field(sorted(unknown)[0], "unknown field")
+        check_fields(body, ("name", "bundle", "workers", "ttl_s"))
         bundle = body.get("bundle")
         if not isinstance(bundle, str) or not bundle:
             raise invalid_field("bundle", "must be a bundle name")

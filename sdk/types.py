@@ -1,14 +1,17 @@
 """Request and result types of the inference API, with their wire forms.
 
 Servers parse request bodies with ``*.from_wire`` (every violation is a 422 naming the
-field); the SDK builds them and calls ``to_wire``. Results are plain dicts on the wire:
-arrays stay numpy arrays under msgpack, become lists under JSON, or base64 envelopes
-``{"b64", "dtype", "shape"}`` when the request asks for ``encoding: "base64"``.
+field: an unknown field, a wrong type, a number out of range or not finite); the SDK builds
+them and calls ``to_wire``, which writes only fields ``from_wire`` knows. Results are plain
+dicts on the wire: arrays stay numpy arrays under msgpack, become lists under JSON, or base64
+envelopes ``{"b64", "dtype", "shape"}`` when the request asks for ``encoding: "base64"``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import reprlib
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +32,42 @@ MAX_TEXT_CHARS = 1_000_000
 # Integer fields (priority, dims, top_k, dimensions) stay within int32: every wire form and
 # header carries them, and no real value comes near (a bigger one is a 422, not a 500).
 MAX_INTEGER = 2**31 - 1
+
+# The fields each body may hold; any other is a 422 naming it (a misspelt option would
+# otherwise be dropped without a word and the request answered as if it were not there).
+OPTION_FIELDS = frozenset({"truncate", "priority", "timeout_s", "encoding"})
+ENCODE_FIELDS = OPTION_FIELDS | {"items", "output_types", "output_dtype", "dims", "is_query",
+                                 "instruction"}
+SCORE_FIELDS = OPTION_FIELDS | {"query", "items", "top_k"}
+EXTRACT_FIELDS = OPTION_FIELDS | {"items", "labels", "threshold"}
+ITEM_FIELDS = frozenset({"text", "id"})
+
+# A client's value as error messages show it: bounded in length and depth, whatever it is.
+_SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 3, 80, 80
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut short: an error message never grows with the body."""
+    return _SHOWN.repr(value)
+
+
+def check_fields(body: Mapping[Any, Any], known: Collection[str], where: str = "") -> None:
+    """422 INVALID_FIELD naming the first key of ``body`` that is not in ``known``
+    (``where``: the path of ``body`` inside the request, e.g. ``items[2]``)."""
+    for key in body:
+        if key not in known:
+            name = str(key) if len(str(key)) <= 80 else f"{str(key)[:77]}..."
+            path = f"{where}.{name}" if where else name
+            raise HeronError(ErrorCode.INVALID_FIELD,
+                             f"unknown field {shown(path if where else key)}; "
+                             f"known: {', '.join(sorted(known))}", field=path)
+
+
+def check_finite(value: Any, name: str) -> None:
+    """422 for NaN and the infinities, which msgpack and YAML carry and no field means."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise invalid_field(name, "must be a finite number")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +99,7 @@ def _parse_items(body: Mapping[str, Any], name: str = "items") -> list[Item]:
         if isinstance(entry, str):
             items.append(Item(check_text(entry, f"{name}[{i}]")))
         elif isinstance(entry, Mapping):
+            check_fields(entry, ITEM_FIELDS, f"{name}[{i}]")
             text = entry.get("text")
             if not isinstance(text, str):
                 raise invalid_field(f"{name}[{i}].text", "is required and must be a string")
@@ -87,6 +127,9 @@ def _opt(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], defa
     value = body.get(name, default)
     if value is None:
         return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if int in kinds or float in kinds:
+        check_finite(value, name)
     # bool is an int subclass; never accept it where a number is meant.
     if isinstance(value, bool) and kind is not bool:
         raise invalid_field(name, f"must be {_kind_name(kind)}")
@@ -158,18 +201,19 @@ class EncodeRequest:
     @classmethod
     def from_wire(cls, body: Any) -> EncodeRequest:
         body = _require_object(body)
+        check_fields(body, ENCODE_FIELDS)
         output_types = _opt(body, "output_types", list, ["dense"])
         if not output_types:
             raise invalid_field("output_types", "must not be empty")
         for t in output_types:
             if t not in OUTPUT_TYPES:
                 raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
-                                 f"output_types: unknown output type {t!r}; "
+                                 f"output_types: unknown output type {shown(t)}; "
                                  f"known: {list(OUTPUT_TYPES)}", field="output_types")
         output_dtype = _opt(body, "output_dtype", str, "float32")
         if output_dtype not in OUTPUT_DTYPES:
             raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
-                             f"output_dtype: {output_dtype!r} is not one of "
+                             f"output_dtype: {shown(output_dtype)} is not one of "
                              f"{list(OUTPUT_DTYPES)}", field="output_dtype")
         dims = _opt(body, "dims", int, None)
         if dims is not None and dims <= 0:
@@ -206,6 +250,7 @@ class ScoreRequest:
     @classmethod
     def from_wire(cls, body: Any) -> ScoreRequest:
         body = _require_object(body)
+        check_fields(body, SCORE_FIELDS)
         query = body.get("query")
         if not isinstance(query, str):
             raise invalid_field("query", "is required and must be a string")
@@ -233,6 +278,7 @@ class ExtractRequest:
     @classmethod
     def from_wire(cls, body: Any) -> ExtractRequest:
         body = _require_object(body)
+        check_fields(body, EXTRACT_FIELDS)
         labels = _opt(body, "labels", list, None)
         if labels is not None and not all(isinstance(x, str) and x for x in labels):
             raise invalid_field("labels", "must be a list of non-empty strings")

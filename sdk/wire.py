@@ -1,7 +1,12 @@
-"""Wire codec: msgpack (numpy arrays through msgpack-numpy) and JSON.
+"""Wire codec: msgpack (numpy arrays in msgpack-numpy's form) and JSON.
 
 The request's Content-Type picks the decoder; Accept picks the encoder (falling back to
 the request's format). Imported by the worker, the gateway and the SDK alike.
+
+Servers read request bodies with ``decode_request``: no arrays (no request carries one) and
+at most ``MAX_BODY_DEPTH`` levels of nesting. Answers and messages between Heron's
+processes are read with ``decode``, whose arrays are numeric only: msgpack-numpy's own
+decoder unpickles an object array, which would run whatever code the sender chose.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ from heron_sdk.errors import ErrorCode, HeronError
 MSGPACK = "application/msgpack"
 JSON = "application/json"
 _MSGPACK_ALIASES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+# No request body nests deeper than 4 levels (a config's profiles.<name>.<setting>); the
+# bound leaves room and keeps anything that walks a body far from Python's recursion limit.
+MAX_BODY_DEPTH = 32
+# numpy dtype kinds an array on the wire may have: booleans and numbers. Never "O" (object
+# arrays travel as pickles), "V" (structured), strings or dates.
+_ARRAY_KINDS = frozenset("biuf")
+_CONTAINERS = (dict, list)  # what the decoders build maps and arrays as
 
 
 def media_type(header: str | None) -> str | None:
@@ -60,18 +72,67 @@ def response_format(accept: str | None, request_fmt: str = JSON) -> str:
     return request_fmt
 
 
-def decode(body: bytes, fmt: str) -> Any:
+def decode(body: bytes, fmt: str, *, arrays: bool = True) -> Any:
+    """``body`` in ``fmt``; 400 MALFORMED_BODY when it is not. ``arrays``: msgpack maps in
+    msgpack-numpy's form become numpy arrays (numeric dtypes only); else they stay maps."""
     if not body:
         raise HeronError(ErrorCode.MALFORMED_BODY, "request body is empty")
     try:
         if fmt == MSGPACK:
-            return msgpack.unpackb(body, object_hook=msgpack_numpy.decode, raw=False,
-                                   strict_map_key=False)
+            return msgpack.unpackb(body, object_hook=_numpy_hook if arrays else None,
+                                   raw=False, strict_map_key=False)
         return orjson.loads(body)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError,
             TypeError, UnicodeDecodeError) as exc:
         kind = "msgpack" if fmt == MSGPACK else "JSON"
         raise HeronError(ErrorCode.MALFORMED_BODY, f"body is not valid {kind}: {exc}") from exc
+
+
+def decode_request(body: bytes, fmt: str) -> Any:
+    """A request body as a server reads it: ``decode`` without arrays, nested at most
+    ``MAX_BODY_DEPTH`` levels (400 MALFORMED_BODY past it)."""
+    value = decode(body, fmt, arrays=False)
+    check_depth(value)
+    return value
+
+
+def check_depth(value: Any, limit: int = MAX_BODY_DEPTH) -> None:
+    """400 MALFORMED_BODY when lists and maps in ``value`` nest deeper than ``limit``
+    (``{}`` is one level). Level by level, with no recursion: about 0.1 us an element
+    (200 us for 2,048 items on the CI machine, against milliseconds to tokenize them)."""
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            raise HeronError(ErrorCode.MALFORMED_BODY,
+                             f"body nests lists and maps deeper than {limit} levels")
+        below: list[Any] = []
+        for node in level:
+            below += [c for c in (node.values() if type(node) is dict else node)
+                      if type(c) in _CONTAINERS]
+        level = below
+
+
+def _numpy_hook(obj: dict[Any, Any]) -> Any:
+    """msgpack-numpy's map for an array or a scalar, as numpy; any other map unchanged.
+    ValueError (a malformed body) for an array that is not numeric or does not fit its
+    bytes."""
+    if b"nd" not in obj:
+        return obj
+    try:
+        kind = obj[b"type"]
+        if not isinstance(kind, str):
+            raise TypeError(f"dtype {kind!r} is not a string")
+        dtype = np.dtype(kind)
+        data = obj[b"data"]
+        if dtype.kind not in _ARRAY_KINDS or not isinstance(data, bytes):
+            raise ValueError(f"dtype {dtype.str} is not a numeric array type")
+        if obj[b"nd"] is True:
+            return np.ndarray(buffer=data, dtype=dtype, shape=tuple(obj[b"shape"]))
+        return np.frombuffer(data, dtype=dtype)[0]
+    except (KeyError, IndexError, TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"a msgpack-numpy array is malformed: {exc}") from None
 
 
 def encode(obj: Any, fmt: str) -> bytes:

@@ -32,7 +32,9 @@ from heron.worker.cluster import WorkerCluster
 from heron.worker.metrics import WorkerMetrics, mark_process_dead, multiprocess_dir
 from heron.worker.registry import LoadState, ModelEntry, ModelRegistry
 from heron.worker.service import InferenceService, Outcome
-from heron_sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
+from heron.worker.settings import WorkerSettings
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.types import EncodeRequest, ExtractRequest, RequestOptions, ScoreRequest
 
 log = logging.getLogger("heron.worker")
 
@@ -64,7 +66,8 @@ class LocalBackend:
                  precision: str | None = None,
                  extra_models: list[ModelConfig] | None = None,
                  queue: QueueMode | None = None,
-                 inference_cpus: frozenset[int] | None = None) -> None:
+                 inference_cpus: frozenset[int] | None = None,
+                 settings: WorkerSettings | None = None) -> None:
         adopt_library_logs()  # transformers is imported by now: JSON logs stay JSON
         self.metrics = WorkerMetrics()
         self.registry = ModelRegistry(bundle, device=device, precision=precision,
@@ -75,6 +78,7 @@ class LocalBackend:
                                       inference_cpus=inference_cpus)
         self.service = InferenceService(self.registry, on_phases=self.metrics.observe_phases)
         self.queue = queue
+        self.settings = settings or WorkerSettings.from_env()
         self.cluster: WorkerCluster | None = None
         self._load_task: asyncio.Task | None = None
 
@@ -82,7 +86,7 @@ class LocalBackend:
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         if self.queue is not None:  # first: a bad setting fails start-up before any work
             self.cluster = WorkerCluster(self.queue, self.registry, self.service,
-                                         self.metrics)
+                                         self.metrics, self.settings)
         # Load in the background: /healthz answers at once, /readyz once models are warm.
         loop = asyncio.get_running_loop()
         self._load_task = loop.create_task(self.registry.load_all())
@@ -109,13 +113,28 @@ class LocalBackend:
         return self.registry.ready and (self.cluster is None or self.cluster.consuming)
 
     # ---- inference ---------------------------------------------------------------------
+    def _deadline(self, model: str, options: RequestOptions, call: InferenceCall) -> None:
+        """The request's timeout becomes what is left of it since the server received it
+        (its deadline counts from there); 504 when nothing is left (an unknown model is a
+        404 first)."""
+        self.registry.entry(model)
+        timeout_s = options.timeout_s or self.settings.default_timeout_s
+        remaining = call.remaining_s(timeout_s)
+        if remaining <= 0:
+            raise HeronError(ErrorCode.DEADLINE_EXCEEDED,
+                             f"request did not finish within timeout_s={timeout_s:g}")
+        options.timeout_s = remaining
+
     async def encode(self, model: str, req: EncodeRequest, call: InferenceCall) -> Answer:
+        self._deadline(model, req.options, call)
         return _answer(await self.service.encode(model, req))
 
     async def score(self, model: str, req: ScoreRequest, call: InferenceCall) -> Answer:
+        self._deadline(model, req.options, call)
         return _answer(await self.service.score(model, req))
 
     async def extract(self, model: str, req: ExtractRequest, call: InferenceCall) -> Answer:
+        self._deadline(model, req.options, call)
         return _answer(await self.service.extract(model, req))
 
     async def provision(self, model: str, call: InferenceCall) -> Answer:
@@ -188,12 +207,14 @@ class LocalBackend:
         return self.metrics.render()
 
     def build(self) -> Starlette:
-        return build_inference_app(self, title="Heron", lifespan=self.lifespan)
+        return build_inference_app(self, title="Heron", lifespan=self.lifespan,
+                                   max_body_bytes=self.settings.max_body_bytes)
 
 
 def create_app(bundle: Bundle, *, device: str | None = None, precision: str | None = None,
                extra_models: list[ModelConfig] | None = None,
                queue: QueueMode | None = None,
-               inference_cpus: frozenset[int] | None = None) -> Starlette:
+               inference_cpus: frozenset[int] | None = None,
+               settings: WorkerSettings | None = None) -> Starlette:
     return LocalBackend(bundle, device=device, precision=precision, extra_models=extra_models,
-                        queue=queue, inference_cpus=inference_cpus).build()
+                        queue=queue, inference_cpus=inference_cpus, settings=settings).build()

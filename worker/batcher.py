@@ -17,6 +17,7 @@ import asyncio
 import bisect
 import contextlib
 import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +43,9 @@ PRIORITY_AGING_S = 2.5
 # priority 1 missed its target (a third) in 2 of 4 runs (bench/priority_bench.py).
 MIXED_PRIORITY_BATCH_SHARE = 8
 MIXED_PRIORITY_WINDOW_S = 2.0
+# Admit a request only if the queue ahead of it is expected to be done within this share
+# of its time left: the estimate is a mean, and tokenizing and answering take time too.
+ADMISSION_MARGIN = 0.85
 
 
 @dataclass(slots=True)
@@ -76,6 +80,7 @@ class TokenBudgetBatcher:
         self._last_seen: dict[int, float] = {}  # priority -> when it last arrived
         self._wakeup = asyncio.Event()
         self.cost = BatchCostModel()
+        self.drain = DrainRate()  # the runner reports every forward pass
 
     def __len__(self) -> int:
         return len(self._items)
@@ -85,11 +90,13 @@ class TokenBudgetBatcher:
         return self._queued_tokens
 
     def submit(self, items: list[WorkItem]) -> None:
-        """Queue a request's items, all or none (429 QUEUE_FULL past the bound)."""
-        if len(self._items) + len(items) > self.max_queue_items:
-            raise HeronError(ErrorCode.QUEUE_FULL,
-                             f"queue is full ({len(self._items)} items waiting)",
-                             retry_after_s=1.0)
+        """Queue a request's items, all or none: 429 QUEUE_FULL past the bound, or when
+        the queue ahead would not be done before the request's deadline at the measured
+        rate. A request that finds the queue empty is always taken, even one bigger than
+        the bound (it could never be taken otherwise)."""
+        waiting = len(self._items)
+        if waiting:
+            self._admit(items, waiting)
         for item in items:
             item.seq = next(self._seq)
             self._items[item.seq] = item
@@ -99,6 +106,24 @@ class TokenBudgetBatcher:
             self._queued_tokens += item.length
             self.cost.arrived(item.enqueued_at)
         self._wakeup.set()
+
+    def _admit(self, items: list[WorkItem], waiting: int) -> None:
+        tokens = self._queued_tokens + sum(item.length for item in items)
+        wait = self.drain.seconds_for(tokens)
+        if waiting + len(items) > self.max_queue_items:
+            raise HeronError(ErrorCode.QUEUE_FULL,
+                             f"queue is full ({waiting} items waiting, bound "
+                             f"{self.max_queue_items})",
+                             retry_after_s=retry_after_s(wait or 0.0, 0.0))
+        deadline = min((i.deadline for i in items if i.deadline is not None), default=None)
+        if deadline is None or wait is None:
+            return
+        left = deadline - time.monotonic()
+        if wait > left * ADMISSION_MARGIN:
+            raise HeronError(ErrorCode.QUEUE_FULL,
+                             f"{waiting} items waiting, about {wait:.1f} s of work at the "
+                             f"rate measured, more than the {max(0.0, left):.1f} s left",
+                             retry_after_s=retry_after_s(wait, left * ADMISSION_MARGIN))
 
     async def next_batch(self) -> list[WorkItem]:
         """Wait for work, then (maybe) for more work, then take one batch.
@@ -234,6 +259,38 @@ class TokenBudgetBatcher:
                 continue
             live.append(item)
         return live
+
+
+class DrainRate:
+    """Tokens the model computes per second of forward passes, over recent batches: how
+    long a queue of N tokens takes to drain. None until ``min_batches`` were seen (a fresh
+    model's queue is admitted on the item bound alone)."""
+
+    def __init__(self, window: int = 64, min_batches: int = 8) -> None:
+        self._batches: deque[tuple[int, float]] = deque(maxlen=window)
+        self._tokens = 0
+        self._seconds = 0.0
+        self.min_batches = min_batches
+
+    def observe(self, real_tokens: int, seconds: float) -> None:
+        if len(self._batches) == self._batches.maxlen:
+            old_tokens, old_seconds = self._batches[0]
+            self._tokens -= old_tokens
+            self._seconds -= old_seconds
+        self._batches.append((real_tokens, seconds))
+        self._tokens += real_tokens
+        self._seconds += seconds
+
+    def seconds_for(self, tokens: int) -> float | None:
+        if len(self._batches) < self.min_batches or self._seconds <= 0 or self._tokens <= 0:
+            return None
+        return tokens * self._seconds / self._tokens
+
+
+def retry_after_s(wait_s: float, budget_s: float) -> float:
+    """Whole seconds (at least 1) until a request with ``budget_s`` usable would fit, if
+    the queue drains as measured and nothing else arrives."""
+    return float(max(1, math.ceil(wait_s - budget_s)))
 
 
 def _always_open() -> bool:

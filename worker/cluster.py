@@ -23,10 +23,11 @@ from heron.runtime.configsync import ConfigFollower, Snapshot
 from heron.runtime.modelconfig import parse_model_config
 from heron.runtime.nats_link import NatsLink
 from heron.runtime.nats_names import WorkStreamSpec, ensure_dlq_stream, ensure_work_stream
-from heron.worker.consumer import WorkConsumer, fetch_lookahead_from_env
+from heron.worker.consumer import WorkConsumer
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.registry import ModelRegistry
 from heron.worker.service import InferenceService
+from heron.worker.settings import WorkerSettings
 from heron.worker.status import StatusPublisher
 
 if TYPE_CHECKING:
@@ -37,12 +38,14 @@ log = logging.getLogger("heron.worker.cluster")
 
 class WorkerCluster:
     def __init__(self, queue: QueueMode, registry: ModelRegistry,
-                 service: InferenceService, metrics: WorkerMetrics | None = None) -> None:
+                 service: InferenceService, metrics: WorkerMetrics | None = None,
+                 settings: WorkerSettings | None = None) -> None:
+        self.settings = settings or WorkerSettings.from_env()
         self.queue = queue
         self.metrics = metrics
         self.registry = registry
         self.service = service
-        self.spec = WorkStreamSpec(pool=queue.pool)
+        self.spec: WorkStreamSpec = self.settings.stream_spec(queue.pool)
         self.link = NatsLink(queue.nats_url, name=queue.worker_id, setup=self._set_up,
                              on_reconnect=self._after_reconnect,
                              logger_name="heron.worker.nats")
@@ -51,7 +54,7 @@ class WorkerCluster:
         self.follower: ConfigFollower | None = None
         self.config_epoch = -1
         self._models_loaded: asyncio.Task[None] | None = None
-        self.lookahead_items = fetch_lookahead_from_env(
+        self.lookahead_items = self.settings.lookahead(
             on_gpu=registry.device_override != "cpu" and torch.cuda.is_available())
 
     @property
@@ -88,6 +91,7 @@ class WorkerCluster:
         assert self._models_loaded is not None
         await asyncio.shield(self._models_loaded)
         consumer = WorkConsumer(nc, self.service, self.spec,
+                                max_in_flight=self.settings.max_work_items_in_flight,
                                 lookahead_items=self.lookahead_items, metrics=self.metrics)
         await consumer.start()  # declares the stream and its consumer (StreamMismatch: retried)
         self.consumer = consumer
@@ -98,7 +102,7 @@ class WorkerCluster:
         # Idempotent when the stream survived (file store); recreates it when NATS lost it.
         if self.consumer is not None:
             await ensure_work_stream(js, self.spec)
-            await ensure_dlq_stream(js)
+            await ensure_dlq_stream(js, self.spec.file_storage)
 
     def _on_config(self, snapshot: Snapshot) -> None:
         """A new epoch from the config service: serve what our bundle now lists."""
@@ -141,5 +145,6 @@ class WorkerCluster:
             await self.status.stop()
         if self.consumer is not None:
             self.registry.arrivals_open = None
-            await self.consumer.drain()  # finish and ack what it holds, over the connection
+            # finish and ack what it holds, over the connection
+            await self.consumer.drain(self.settings.drain_timeout_s)
         await self.link.close()

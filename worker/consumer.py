@@ -5,9 +5,13 @@ Delivery rules (names in heron/runtime/nats_names.py; the messages, WorkItemHead
 WorkResult out, in heron/runtime/protocol.py):
 - ack only after the gateway confirmed the result (a request/reply on its inbox): a result
   lost in transit, e.g. while NATS restarts, means a nak and the item is computed again;
+- a gateway gone (no responders on its inbox, asked for a few seconds): the item is
+  terminated (never redelivered), and so are the gateway's other items as they are fetched,
+  without computing them (heron.worker.gateway_inboxes);
 - model not loaded yet, or its queue full: start the load and ``nak(delay)``;
-- ``in_progress()`` every half ack-wait while an item computes, so a live worker's items
-  are never redelivered and a dead worker's come back within one ack wait;
+- ``in_progress()`` every half ack-wait while an item computes and its result is delivered,
+  so a live worker's items are never redelivered and a dead worker's come back within one
+  ack wait;
 - the last allowed delivery that still cannot run goes to the dead-letter stream and the
   caller gets an error;
 - a deadline already passed: acked and answered with DEADLINE_EXCEEDED, never computed;
@@ -26,7 +30,6 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind
@@ -42,6 +45,7 @@ from heron.runtime.nats_names import (
     work_stream,
 )
 from heron.runtime.protocol import ProtocolError, WorkItemHeaders, WorkResult
+from heron.worker.gateway_inboxes import Delivery, GatewayInboxes
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.service import InferenceService, Outcome
 from heron_sdk import wire
@@ -54,12 +58,12 @@ _PARSERS = {"encode": EncodeRequest.from_wire, "score": ScoreRequest.from_wire,
             "extract": ExtractRequest.from_wire}
 _RETRY_LATER = (ErrorCode.MODEL_LOADING, ErrorCode.QUEUE_FULL)
 _RETRIED = 102  # an item nak'ed to run later (model loading, queue full): not an error yet
-_OUTCOMES = {200: "answered", _RETRIED: "nak'ed, to run later"}
+_TERMINATED = 499  # its gateway is gone: nobody to answer (nginx's "client closed request")
+_OUTCOMES = {200: "answered", _RETRIED: "nak'ed, to run later",
+             _TERMINATED: "terminated, its gateway is gone"}
 DEFAULT_FETCH_LOOKAHEAD = 16
 GPU_FETCH_LOOKAHEAD = 128
 BACKLOG_POLL_S = 0.005  # how often a full backlog is looked at again (forward passes start)
-RESULT_ACK_TIMEOUT_S = 2.0
-NO_RESPONDERS_BACKOFF_S = (0.25, 0.5, 1.0, 2.0)
 # A result must fit in one NATS message (max_payload, 1 MiB by default) with its subject
 # and protocol line: a generous allowance for those.
 RESULT_HEADROOM_BYTES = 1024
@@ -81,19 +85,29 @@ def fetch_lookahead_from_env(on_gpu: bool = False) -> int:
 
 
 class _Hold:
-    """A fetched work item's items, counted in the worker's backlog until computed."""
+    """A fetched work item's items, counted in the worker's backlog until computed (not
+    while ``suspend``ed: waiting for its gateway's verdict, it blocks no fetching)."""
 
-    __slots__ = ("consumer", "items")
+    __slots__ = ("consumer", "counted", "items")
 
     def __init__(self, consumer: WorkConsumer, items: int) -> None:
-        self.consumer, self.items = consumer, items
+        self.consumer, self.items, self.counted = consumer, items, True
         consumer._held_items += items
 
     def release(self) -> None:
-        if self.items:
+        self.suspend()
+        self.items = 0
+
+    def suspend(self) -> None:
+        if self.counted and self.items:
             self.consumer._held_items -= self.items
-            self.items = 0
             self.consumer._backlog_moved.set()
+        self.counted = False
+
+    def resume(self) -> None:
+        if not self.counted and self.items:
+            self.consumer._held_items += self.items
+        self.counted = True
 
 
 class _KeepAlive:
@@ -142,6 +156,7 @@ class WorkConsumer:
         self._stopping = asyncio.Event()
         self.handled = 0
         self.metrics = metrics
+        self.inboxes = GatewayInboxes(nc)
 
     @property
     def in_flight(self) -> int:
@@ -160,7 +175,7 @@ class WorkConsumer:
 
     async def start(self) -> None:
         await ensure_work_stream(self.js, self.spec)
-        await ensure_dlq_stream(self.js)
+        await ensure_dlq_stream(self.js, self.spec.file_storage)
         self._sub = await self.js.pull_subscribe_bind(durable=work_consumer(self.spec.pool),
                                                       stream=work_stream(self.spec.pool))
         self._task = asyncio.get_running_loop().create_task(self._fetch_loop())
@@ -302,12 +317,25 @@ class WorkConsumer:
     async def _handle_item(self, msg: Msg, item: WorkItemHeaders, received: float,
                            hold: _Hold) -> int:
         """Compute and answer one item; the HTTP-like status of what happened (200 answered,
-        4xx/5xx answered with that error, _RETRIED nak'ed for later)."""
+        4xx/5xx answered with that error, _RETRIED nak'ed for later, _TERMINATED its gateway
+        is gone). The item is kept in progress until it is answered: delivering a result
+        may take seconds (a gateway asked again), past the ack wait (5 s) that would hand
+        the item to another worker to compute again."""
+        keep_alive = _KeepAlive(msg, self.spec.ack_wait_s / 2)
+        try:
+            return await self._handle_kept(msg, item, received, hold)
+        finally:
+            keep_alive.cancel()
+
+    async def _handle_kept(self, msg: Msg, item: WorkItemHeaders, received: float,
+                           hold: _Hold) -> int:
         deadline = item.deadline
+        computed = False
 
         async def answer(*, body: dict[str, Any] | None = None,
                          error: HeronError | None = None,
-                         timings: dict[str, float] | None = None) -> None:
+                         timings: dict[str, float] | None = None) -> int:
+            """Send the result, then ack (or nak, or terminate: the status for the log)."""
             with telemetry.span(telemetry.WORKER, "respond"):
                 if item.reply:
                     result = WorkResult(item.request_id, item.start, item.count, body,
@@ -319,60 +347,55 @@ class WorkConsumer:
                         # caller's deadline: answer at once with what the caller can do.
                         data = wire.encode(_too_large(item, len(data), self.nc.max_payload)
                                            .to_wire(), wire.MSGPACK)
-                    if not await self._deliver(item.reply, data):
-                        await msg.nak(delay=1.0)  # not confirmed: compute and send it again
-                        return
+                    delivery = await self.inboxes.deliver(item.reply, data)
+                    if delivery is Delivery.GATEWAY_GONE:
+                        await self._terminate(msg, item, computed=computed)
+                        return _TERMINATED
+                    if delivery is Delivery.UNCONFIRMED:
+                        await msg.nak(delay=1.0)  # compute and send it again
+                        return _RETRIED
                 await msg.ack()
                 self.handled += 1
+                return 200 if error is None else error.status
 
+        if item.reply:
+            if self.inboxes.is_suspect(item.reply):  # a wait that holds no fetching back
+                hold.suspend()
+            gone = await self.inboxes.gone(item.reply)
+            hold.resume()
+            if gone:  # computed for nobody, so not computed
+                hold.release()
+                await self._terminate(msg, item, computed=False)
+                return _TERMINATED
         if deadline is not None and time.time() >= deadline:
             hold.release()
-            error = HeronError(ErrorCode.DEADLINE_EXCEEDED,
-                               "deadline passed before a worker took the work")
-            await answer(error=error)
-            return error.status
-        keep_alive = _KeepAlive(msg, self.spec.ack_wait_s / 2)
+            return await answer(error=HeronError(
+                ErrorCode.DEADLINE_EXCEEDED, "deadline passed before a worker took the work"))
         try:
             outcome = await self._run(item, msg.data)
         except HeronError as exc:
             if exc.code in _RETRY_LATER:
                 return await self._retry_later(msg, exc, answer)
-            await answer(error=exc)
-            return exc.status
+            return await answer(error=exc)
         except Exception as exc:  # a bug must not lose the item: answer with an error
             log.exception("work item %s failed", item.request_id)
             await answer(error=HeronError(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
             return 500
         finally:
             hold.release()  # computed (or failed): off the backlog before answering
-            keep_alive.cancel()
+        computed = True
         # "total" is the worker's whole time on the item: the gateway subtracts it from its
         # wait to tell the time queued in the stream (queue_wait).
-        await answer(body=outcome.body, timings={**outcome.timings.phases(),
-                                                 "total": time.monotonic() - received})
-        return 200
+        return await answer(body=outcome.body, timings={**outcome.timings.phases(),
+                                                        "total": time.monotonic() - received})
 
-    async def _deliver(self, reply: str, data: bytes) -> bool:
-        """Send a result and wait for the gateway's confirmation. True: confirmed, or no
-        gateway listens any more (nobody to answer: done). False: unconfirmed (NATS
-        restarting): the item must be computed and sent again.
-
-        "No responders" right after a NATS restart can mean the gateway has not
-        re-subscribed yet (we reconnected first): ask again for a moment before deciding
-        that nobody is there."""
-        for pause in (*NO_RESPONDERS_BACKOFF_S, None):
-            try:
-                await self.nc.request(reply, data, timeout=RESULT_ACK_TIMEOUT_S)
-                return True
-            except NoRespondersError:
-                if pause is None:
-                    log.info("no gateway listens on %s any more; dropping its result", reply)
-                    return True
-                await asyncio.sleep(pause)
-            except Exception as exc:  # timeout, or the connection went away meanwhile
-                log.warning("result on %s not confirmed (%s); will redo it", reply, exc)
-                return False
-        return True
+    async def _terminate(self, msg: Msg, item: WorkItemHeaders, *, computed: bool) -> None:
+        """Take an item whose gateway is gone off the stream for good (never redelivered:
+        another worker would compute it for nobody too)."""
+        await msg.term()
+        if self.metrics is not None:
+            self.metrics.terminated_items.labels(self.spec.pool, str(computed).lower()).inc(
+                max(1, item.count))
 
     async def _run(self, item: WorkItemHeaders, data: bytes) -> Outcome:
         parse = _PARSERS.get(item.task)

@@ -83,6 +83,11 @@ class WorkerMetrics:
         self.dead_letters = Counter("heron_worker_dead_letters_total",
                                     "Work messages moved to the dead-letter stream", ["pool"],
                                     registry=r)
+        self.terminated_items = Counter(
+            "heron_worker_terminated_items_total",
+            "Queued items terminated because their gateway is gone (no responders on its "
+            "inbox): computed=false were dropped unread, computed=true were computed for "
+            "nobody (they were running when it went)", ["pool", "computed"], registry=r)
         self.config_epoch = Gauge("heron_worker_config_epoch",
                                   "Config epoch this worker has applied (cluster workers)",
                                   registry=r, multiprocess_mode="livemax")

@@ -152,6 +152,7 @@ class ModelRunner:
         real = sum(w.length for w in batch)
         computed = real if self.adapter.packed else max(w.length for w in batch) * len(batch)
         self.batcher.cost.observe(computed, inference_s)
+        self.batcher.drain.observe(real, inference_s)
         for w, value in zip(batch, values, strict=True):
             if not w.future.done():
                 w.future.set_result(ItemResult(value, started - w.enqueued_at, inference_s))

@@ -121,7 +121,7 @@ class InferenceService:
                 results = await asyncio.wait_for(coro, max(0.0, deadline - time.monotonic()))
         except TimeoutError as exc:
             raise HeronError(ErrorCode.DEADLINE_EXCEEDED,
-                             f"request did not finish within timeout_s={options.timeout_s}"
+                             "request did not finish before its deadline (timeout_s)"
                              ) from exc
         # The item that finished last tells both phases: maxima taken apart could add up to
         # more than the time that passed (one item queued long, another's batch ran long).

@@ -183,6 +183,24 @@ function renderModels(models) {
   ]);
 }
 
+function eventText(e) {
+  if (e.event !== "exited") return e.event;
+  return e.restart_in_s === null ? "exited" : `exited, restart in ${e.restart_in_s.toFixed(1)} s`;
+}
+
+function renderEvents(events) {
+  renderRows(document.querySelector("#events tbody"), events,
+    (e) => `${e.child} ${e.event} ${e.at} ${e.restarts}`, (e) => [
+      { text: new Date(e.at * 1000).toLocaleTimeString() },
+      { text: e.child, cls: "id" },
+      { node: chip(eventText(e), e.event === "exited" ? "failed" : "ready") },
+      { text: e.status === null ? "-" : e.status, cls: "num" },
+      { text: e.restarts, cls: "num" },
+      { text: e.cause ? e.cause.split("\n").pop() : "-", title: e.cause },
+    ]);
+  document.getElementById("no-events").hidden = events.length > 0;
+}
+
 function render(snapshot) {
   document.getElementById("gateway-id").textContent = snapshot.gateway_id;
   document.getElementById("window").textContent = String(snapshot.throughput_window_s);
@@ -193,6 +211,7 @@ function render(snapshot) {
   renderPools(snapshot.pools);
   renderWorkers(snapshot.workers);
   renderModels(snapshot.models);
+  renderEvents(snapshot.supervisor_events || []); // absent from gateways before it
 }
 
 function connect() {

@@ -1,16 +1,22 @@
 """The local autoscaler of ``heron up``: how many workers each pool gets.
 
-- The static pool (``--bundle``/``--pool``): at least ``min_workers``; a worker is started
-  when the gateway publishes demand and none is running (scale from zero); a worker whose
-  heartbeats show nothing queued and nothing in flight for ``idle_cooldown_s`` is stopped,
-  down to ``min_workers``. At most ``max_workers``.
+- The static pool (``--bundle``/``--pool``): at least ``min_workers`` (one that dies is
+  replaced); a worker is started when the gateway publishes demand and none is running
+  (scale from zero); a worker whose heartbeats show nothing queued and nothing in flight
+  for ``idle_cooldown_s`` is stopped, down to ``min_workers``. At most ``max_workers``.
 - Leased pools (``POST /v1/pools``, the ``heron_pools`` bucket): ``lease.workers`` workers
   of ``lease.bundle`` while the lease lives, dead ones restarted. A lease with
   ``workers: 0`` gets one worker on its first demand and loses it after the idle cooldown.
   When the lease is deleted or expires, every worker of the pool is stopped (SIGTERM:
   they drain what they hold).
 
-The processes themselves belong to ``heron.cli.up.LocalCluster``; this module only decides.
+A worker that dies on its own (one the autoscaler did not stop) is reported like any child
+of ``heron up`` (a ``SupervisorEvent``), and its pool gets a replacement after the
+exponential backoff of heron/cli/supervisor.py, counted per pool: a worker that crashes at
+start-up costs a start every 30 s at most, not a busy loop.
+
+The processes themselves belong to ``heron.cli.local_cluster.LocalCluster``; this module
+only decides.
 """
 
 from __future__ import annotations
@@ -19,13 +25,21 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from heron.cli.supervisor import (
+    EXITED,
+    RESTARTED,
+    BackoffPolicy,
+    Clock,
+    RestartBackoff,
+    SupervisorEvent,
+)
 from heron.runtime.nats_names import DEMAND_WILDCARD, STATUS_WILDCARD, ensure_pools_bucket
 from heron.runtime.pool_store import LeaseMirror
 from heron.runtime.protocol import DemandNotice, PoolLease, ProtocolError, WorkerHeartbeat
@@ -61,26 +75,51 @@ class ScalePolicy:
     max_workers: int = 4
     idle_cooldown_s: float = 60.0
     interval_s: float = 1.0  # how often pools are reconciled
-    restart_backoff_s: float = 5.0  # after a worker died, before its pool gets another
+    # After a worker died, before its pool gets another: doubling on each death that follows
+    # within restart_reset_after_s of the pool's last start, at most restart_backoff_max_s.
+    restart_backoff_s: float = 0.5
+    restart_backoff_max_s: float = 30.0
+    restart_reset_after_s: float = 60.0
+
+    def backoff(self) -> BackoffPolicy:
+        return BackoffPolicy(initial_s=self.restart_backoff_s, max_s=self.restart_backoff_max_s,
+                             reset_after_s=self.restart_reset_after_s)
+
+
+def print_event(event: SupervisorEvent) -> None:
+    print(event.console_line(), flush=True)
 
 
 class Autoscaler:
-    def __init__(self, workers: Workers, policy: ScalePolicy) -> None:
+    """``report`` hears of every worker death and replacement (default: printed)."""
+
+    def __init__(self, workers: Workers, policy: ScalePolicy,
+                 report: Callable[[SupervisorEvent], None] = print_event,
+                 clock: Clock = time.monotonic) -> None:
         self.workers = workers
         self.policy = policy
+        self.report = report
+        self.clock = clock
         self.leases = LeaseMirror()
         self._idle_since: dict[str, float] = {}  # worker_id -> since when it was idle
-        self._died_at: dict[str, float] = {}  # pool -> when a worker of it last died
+        self._backoff: dict[str, RestartBackoff] = {}  # pool -> its restart schedule
+        self._replacing: dict[str, int] = {}  # pool -> deaths not replaced yet
         self._lock = asyncio.Lock()  # one scaling decision at a time
         self._stopping: set[asyncio.Task[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
 
-    async def start(self, nc: NatsClient) -> None:
+    async def start(self, nc: NatsClient, initial_workers: int = 0,
+                    replicas: int | None = None) -> None:
+        """Listen, start ``initial_workers`` of the static pool, then reconcile every
+        ``interval_s``. ``replicas``: of the pools bucket, if it must be created."""
         await nc.subscribe(DEMAND_WILDCARD, cb=self._on_demand)
         await nc.subscribe(STATUS_WILDCARD, cb=self._on_beat)
         js = nc.jetstream()
-        await ensure_pools_bucket(js)
+        await ensure_pools_bucket(js, replicas)
         await self.leases.start(js)
+        async with self._lock:
+            for _ in range(initial_workers):
+                await self._start(self.policy.pool, self.policy.bundle)
         self._loop_task = asyncio.get_running_loop().create_task(self._reconcile_forever())
 
     async def watch_again(self, nc: NatsClient) -> None:
@@ -108,12 +147,12 @@ class Autoscaler:
             if self.workers.alive(pool):
                 return
             if pool == self.policy.pool:
-                if self.policy.max_workers > 0:
-                    await self.workers.start_worker(pool, self.policy.bundle)
+                if self.policy.max_workers > 0 and self._may_start(pool):
+                    await self._start(pool, self.policy.bundle)
                 return
             lease = self.leases.get(pool)
             if lease is not None and self._may_start(pool):
-                await self.workers.start_worker(pool, lease.bundle)
+                await self._start(pool, lease.bundle)
 
     async def _on_beat(self, msg: Msg) -> None:
         try:
@@ -123,7 +162,7 @@ class Autoscaler:
         if beat.in_flight or beat.queue_depth:
             self._idle_since.pop(beat.worker_id, None)
         else:
-            self._idle_since.setdefault(beat.worker_id, time.monotonic())
+            self._idle_since.setdefault(beat.worker_id, self.clock())
 
     # ---- the loop ------------------------------------------------------------------------
     async def _reconcile_forever(self) -> None:
@@ -136,14 +175,18 @@ class Autoscaler:
                 log.exception("autoscaler round failed")
 
     async def reconcile(self) -> None:
-        now = time.monotonic()
         for worker_id, pool, code in self.workers.reap():
-            print(f"heron up: worker {worker_id} exited ({code})", flush=True)
             self._idle_since.pop(worker_id, None)
-            self._died_at[pool] = now
+            self._died(worker_id, pool, code)
         p = self.policy
         self._scale_down_idle(p.pool, floor=p.min_workers)
+        for _ in range(self._wanted(p.pool) - len(self.workers.alive(p.pool))):
+            if not self._may_start(p.pool):
+                break
+            await self._start(p.pool, p.bundle)
         leases = self.leases.live()
+        for pool in [q for q in self._replacing if self._wanted(q) == 0]:
+            del self._replacing[pool]  # its lease ended: nothing left to replace
         for name, lease in leases.items():
             if name != p.pool:
                 await self._keep_lease(lease)
@@ -161,11 +204,41 @@ class Autoscaler:
         for _ in range(lease.workers - len(alive)):
             if not self._may_start(lease.name):
                 break
-            await self.workers.start_worker(lease.name, lease.bundle)
+            await self._start(lease.name, lease.bundle)
+
+    def _wanted(self, pool: str) -> int:
+        """The workers a pool keeps whatever its demand (a dead one is replaced)."""
+        if pool == self.policy.pool:
+            return min(self.policy.min_workers, self.policy.max_workers)
+        lease = self.leases.live().get(pool)
+        return lease.workers if lease is not None else 0
+
+    def _died(self, worker_id: str, pool: str, code: int) -> None:
+        backoff = self._backoff.setdefault(pool, RestartBackoff(self.policy.backoff(),
+                                                                self.clock))
+        delay = backoff.exited()
+        replaced = len(self.workers.alive(pool)) + self._replacing.get(pool, 0) \
+            < self._wanted(pool)
+        if replaced:
+            self._replacing[pool] = self._replacing.get(pool, 0) + 1
+        self.report(SupervisorEvent(f"worker {worker_id}", EXITED, code, backoff.restarts,
+                                    time.time(), restart_in_s=delay if replaced else None))
+
+    async def _start(self, pool: str, bundle: str) -> str:
+        worker_id = await self.workers.start_worker(pool, bundle)
+        backoff = self._backoff.get(pool)
+        if backoff is not None:
+            backoff.started()
+            if self._replacing.get(pool, 0) > 0:
+                self._replacing[pool] -= 1
+                self.report(SupervisorEvent(f"worker {worker_id}", RESTARTED, None,
+                                            backoff.restarts, time.time(),
+                                            f"replaces a worker of pool {pool} that died"))
+        return worker_id
 
     def _scale_down_idle(self, pool: str, floor: int) -> None:
         alive = self.workers.alive(pool)
-        now = time.monotonic()
+        now = self.clock()
         for worker_id in alive:
             if len(alive) <= floor:
                 return
@@ -175,8 +248,8 @@ class Autoscaler:
                 self._stop(worker_id)
 
     def _may_start(self, pool: str) -> bool:
-        died = self._died_at.get(pool)
-        return died is None or time.monotonic() - died > self.policy.restart_backoff_s
+        backoff = self._backoff.get(pool)
+        return backoff is None or backoff.may_start()
 
     def _stop(self, worker_id: str) -> None:
         """Stop a worker in the background: draining takes a while, scaling goes on."""

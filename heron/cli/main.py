@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -16,9 +17,11 @@ from typing import TYPE_CHECKING
 
 from heron.cli.catalog import add_catalog_flags
 from heron.cli.client import add_client_commands
+from heron.cli.up import add_up_parser
 from heron.runtime.modelconfig import Bundle, ConfigError, load_bundle, load_model_config
 
 if TYPE_CHECKING:
+    from heron.runtime.settings import Settings
     from heron.worker.app import QueueMode
     from heron.worker.cpus import CpuPlacement
 
@@ -42,9 +45,10 @@ def _select_models(bundle: Bundle, models: str | None) -> Bundle:
 
 def _uvicorn_options(args: argparse.Namespace) -> dict[str, object]:
     from heron.runtime.logs import uvicorn_log_config
+    from heron.runtime.received import RECEIVED_AT_HTTP
 
     return {"host": args.host, "port": args.port, "log_level": args.log_level,
-            "access_log": args.access_log, "loop": "uvloop", "http": "httptools",
+            "access_log": args.access_log, "loop": "uvloop", "http": RECEIVED_AT_HTTP,
             "timeout_graceful_shutdown": 30, "log_config": uvicorn_log_config()}
 
 
@@ -91,7 +95,24 @@ def _run_worker(args: argparse.Namespace, queue: QueueMode | None) -> int:
     return 0
 
 
+def _exit_0_on_stop_signals() -> None:
+    """uvicorn drains on SIGTERM/SIGINT, then raises the signal again under the handler it
+    found at start-up (Python's: death by SIGTERM, exit status -15, or a KeyboardInterrupt
+    traceback). Under this one the server exits 0 after its drain, and at once before
+    uvicorn runs."""
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    _exit_0_on_stop_signals()
+    from heron.worker.settings import WorkerSettings
+
+    # A bad value stops here (exit 2); every process reads them from the environment.
+    WorkerSettings.from_args(args).export_env()
     processes = serve_processes(args.workers, args.device)
     if processes == 1:
         return _run_worker(args, None)
@@ -99,8 +120,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    load_bundle(args.bundle)  # a bad bundle fails here, not in every process
     args.threads = args.threads or threads_per_process(processes)
+    _check_serve_config(args)  # exit 2 here, before a socket or a process
     log = logging.getLogger("heron.serve")
     from heron.worker.cpus import placement_requested
 
@@ -118,19 +139,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from heron.cli.processes import run_processes
 
         # A listening socket per process (heron.cli.processes): connections spread evenly.
-        run_processes(uvicorn.Config("heron.cli.main:serve_app_from_env", factory=True,
-                                     workers=processes, **_uvicorn_options(args)))
-    return 0
+        # A process that dies while starting stops them all: exit 1, not a restart loop.
+        return run_processes(uvicorn.Config("heron.cli.main:serve_app_from_env",
+                                            factory=True, workers=processes,
+                                            **_uvicorn_options(args)))
 
 
 _SERVE_ARGS_ENV = "HERON_SERVE_ARGS"
 
 
+def _check_serve_config(args: argparse.Namespace) -> None:
+    """What each process of ``serve --workers N`` would refuse at start-up, refused once in
+    the parent (ConfigError: exit 2 with one line): the bundle and ``--models``,
+    ``--inference-cpus``, ``HERON_TRACING``."""
+    from heron.runtime.telemetry import tracing_mode
+    from heron.worker.cpus import format_cpu_list, plan_placement
+
+    _select_models(load_bundle(args.bundle), args.models)
+    tracing_mode()
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    try:
+        placement = plan_placement(args.inference_cpus, args.threads, allowed)
+    except ValueError as exc:
+        raise ConfigError("--inference-cpus", args.inference_cpus, str(exc)) from None
+    if placement is not None and allowed and not placement.inference <= allowed:
+        raise ConfigError("--inference-cpus", args.inference_cpus,
+                          f"CPUs {format_cpu_list(placement.inference)} are not usable by "
+                          "this process (outside its CPU affinity)")
+
+
 def serve_app_from_env() -> object:
-    """The app of one ``heron serve --workers N`` process (uvicorn imports this)."""
+    """The app of one ``heron serve --workers N`` process (uvicorn imports this). A config
+    error (checked in the parent already) exits with uvicorn's start-up failure status 3,
+    one line, no traceback."""
     args = argparse.Namespace(**json.loads(os.environ[_SERVE_ARGS_ENV]))
     configure_logs(args)
-    return _build_worker_app(args, None)
+    try:
+        return _build_worker_app(args, None)
+    except ConfigError as exc:
+        print(f"heron: config error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(3) from None  # uvicorn.config.STARTUP_FAILURE
 
 
 def usable_cpus() -> int:
@@ -172,6 +220,13 @@ def serve_processes(workers: str, device: str) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    _exit_0_on_stop_signals()
+    from heron.worker.settings import WorkerSettings
+
+    # Checked before anything loads; the parts of the worker read them from the environment.
+    settings = WorkerSettings.from_args(args)
+    settings.export_env()
+    _log_settings("heron.worker", settings)
     from heron.worker.app import QueueMode
 
     worker_id = args.worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -181,39 +236,48 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
+    _exit_0_on_stop_signals()
+    from heron.gateway.settings import GatewaySettings
+
+    settings = GatewaySettings.from_args(args)  # a bad value: exit 2 before anything starts
+    settings.export_env()  # HERON_STREAM_REPLICAS for the DLQ and the pools bucket
+    _log_settings("heron.gateway", settings)
     from heron.gateway.app import parse_pool_pairs, run
     from heron.runtime.telemetry import setup_tracing
 
     setup_tracing("heron-gateway")  # HERON_TRACING
     run(args.nats, parse_pool_pairs(args.pool or []), host=args.host, port=args.port,
         log_level=args.log_level, access_log=args.access_log, gateway_id=args.gateway_id,
-        config_url=args.config)
+        config_url=args.config, settings=settings)
     return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    _exit_0_on_stop_signals()
+    from heron.config_service.settings import ConfigServiceSettings
+
+    settings = ConfigServiceSettings.from_args(args)
+    settings.export_env()  # HERON_STREAM_REPLICAS for HERON_CONFIG and the lease bucket
+    _log_settings("heron.config", settings)
     from heron.config_service.app import run
 
     run(args.nats, args.store, host=args.host, port=args.port, log_level=args.log_level,
-        instance_id=args.instance_id, lease_ttl_s=args.lease_ttl,
+        instance_id=args.instance_id, settings=settings,
         bundles_dir=Path(args.bundles_dir) if args.bundles_dir else None,
         allow_remote_code=args.allow_remote_code)
     return 0
 
 
+def _log_settings(logger: str, settings: Settings) -> None:
+    """One start-up line with the settings that differ from their defaults."""
+    changed = ", ".join(f"{name}={value}" for name, value in settings.changed())
+    logging.getLogger(logger).info("settings: %s", changed or "defaults")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    import asyncio
+    from heron.cli.up import run_up
 
-    from heron.cli.up import LocalCluster, UpOptions
-
-    options = UpOptions(host=args.host, port=args.port, nats_port=args.nats_port,
-                        data_dir=Path(args.data_dir), bundle=args.bundle,
-                        pool=args.pool or args.bundle, workers=args.workers,
-                        min_workers=args.min_workers, max_workers=args.max_workers,
-                        idle_cooldown_s=args.idle_cooldown, log_level=args.child_log_level,
-                        config_port=args.config_port)
-    load_bundle(options.bundle)  # a bad bundle fails here, before anything starts
-    return asyncio.run(LocalCluster(options).run())
+    return run_up(args)  # ports checked free, then the cluster supervised until Ctrl-C
 
 
 def _add_worker_args(parser: argparse.ArgumentParser, default_port: int) -> None:
@@ -261,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", default=os.environ.get("HERON_WORKERS", "auto"),
                        help="server processes behind the port, each with its own copy of "
                             "the models (auto: one per CPU up to 4 on CPU, 1 on CUDA)")
+    from heron.worker.settings import WorkerSettings
+
+    WorkerSettings.add_flags(serve)  # the worker's limits (queue-mode ones do nothing here)
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="cluster worker: pulls its pool's work from NATS "
@@ -272,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--worker-id", default=os.environ.get("HERON_WORKER_ID"))
     worker.add_argument("--config", default=os.environ.get("HERON_CONFIG_URL"),
                         help="config service URL: follow it and serve models added live")
+    from heron.worker.settings import WorkerSettings
+
+    WorkerSettings.add_flags(worker)
     worker.set_defaults(func=cmd_worker)
 
     gateway = sub.add_parser("gateway", help="stateless HTTP edge: routes work to pools "
@@ -287,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="config service URL: take models from it and follow it")
     gateway.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
     gateway.add_argument("--access-log", action="store_true")
+    from heron.gateway.settings import GatewaySettings
+
+    GatewaySettings.add_flags(gateway)
     gateway.set_defaults(func=cmd_gateway)
 
     config = sub.add_parser("config", help="the single-writer config service (model configs, "
@@ -298,38 +371,18 @@ def build_parser() -> argparse.ArgumentParser:
                                                           ".heron/config"),
                         help="a directory, or s3://bucket/prefix")
     config.add_argument("--instance-id", default=os.environ.get("HERON_CONFIG_INSTANCE_ID"))
-    config.add_argument("--lease-ttl", type=float, default=5.0,
-                        help="seconds the writer lease lasts without renewal")
     config.add_argument("--bundles-dir", default=None,
                         help="epoch 0's bundles (default: HERON_BUNDLES_DIR or bundles/)")
     config.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
     config.add_argument("--allow-remote-code", action="store_true",
                         help="accept models with trust_remote_code: true, whose checkpoint's "
                              "code runs in every worker (also HERON_ALLOW_REMOTE_CODE=1)")
+    from heron.config_service.settings import ConfigServiceSettings
+
+    ConfigServiceSettings.add_flags(config)  # --lease-ttl-s (--lease-ttl), ...
     config.set_defaults(func=cmd_config)
 
-    up = sub.add_parser("up", help="the whole cluster on this machine: nats-server, gateway, "
-                                   "workers and a local autoscaler")
-    up.add_argument("--host", default=os.environ.get("HERON_HOST", "127.0.0.1"))
-    up.add_argument("--port", type=int, default=int(os.environ.get("HERON_PORT", "8080")),
-                    help="the gateway's port")
-    up.add_argument("--nats-port", type=int, default=4222)
-    up.add_argument("--config-port", type=int, default=8090,
-                    help="the config service's port (0: any free port)")
-    up.add_argument("--data-dir", default=os.environ.get("HERON_DATA_DIR", ".heron"),
-                    help="JetStream store and logs")
-    up.add_argument("--bundle", default=os.environ.get("HERON_BUNDLE", "default"))
-    up.add_argument("--pool", default=None, help="pool name (default: the bundle's name)")
-    up.add_argument("--workers", type=int, default=1, help="workers to start with")
-    up.add_argument("--min-workers", type=int, default=None,
-                    help="never scale below this (default: --workers); 0 allows scale to "
-                         "zero, with a worker started on the first request")
-    up.add_argument("--max-workers", type=int, default=4)
-    up.add_argument("--idle-cooldown", type=float, default=60.0,
-                    help="seconds a worker above --min-workers may sit idle before it stops")
-    up.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
-    up.add_argument("--child-log-level", default="warning")
-    up.set_defaults(func=cmd_up)
+    add_up_parser(sub, cmd_up)  # heron/cli/up.py
     add_client_commands(sub)
     add_catalog_flags(sub.choices["models"])  # heron models --catalog
     return parser

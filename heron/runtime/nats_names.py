@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,12 +96,25 @@ def config_all_subject() -> str:
     return config_subject(CONFIG_ALL)
 
 
+# Unique to this process. A gateway restarted with the same id (a fixed --gateway-id, a
+# pod's name) gets a new inbox: workers that found its predecessor's inbox without
+# responders, and drop the work still queued for it (heron.worker.gone_gateways), never
+# drop the new process's work.
+_PROCESS_INBOX_TOKEN = secrets.token_hex(4)
+
+
 def inbox_prefix(gateway_id: str) -> str:
-    return f"{INBOX_ROOT}.{token(gateway_id)}"
+    """``_INBOX.heron.<gateway_id>.<process>``: the inbox of one gateway process."""
+    return f"{INBOX_ROOT}.{token(gateway_id)}.{_PROCESS_INBOX_TOKEN}"
 
 
 def reply_subject(gateway_id: str, request_id: str) -> str:
     return f"{inbox_prefix(gateway_id)}.{token(request_id)}"
+
+
+def inbox_of(reply: str) -> str:
+    """The inbox prefix (one gateway process) a reply subject belongs to."""
+    return reply.rpartition(".")[0] or reply
 
 
 # ---- headers of a work item ------------------------------------------------------------------
@@ -230,3 +244,8 @@ async def ensure_config_stream(js: JetStreamContext, file_storage: bool = True,
         await js.stream_info(CONFIG_STREAM)
     except NotFoundError:
         await js.add_stream(config)
+
+# `heron up` publishes a JSON event here when one of its children dies or is restarted
+# ({child, event, status, restarts, at, cause, restart_in_s}); gateways keep the last ones
+# for the cluster page (heron.gateway.status_page).
+SUPERVISOR_EVENTS = "heron.events.supervisor"

@@ -1,4 +1,7 @@
-"""OpenAI-compatible `POST /v1/embeddings` bodies: parsing and answers (worker and gateway)."""
+"""OpenAI-compatible `POST /v1/embeddings` bodies: parsing and answers (worker and gateway).
+
+The body takes OpenAI's own fields (``EMBEDDINGS_FIELDS``); ``user`` is read and not used.
+Any other field is a 422 naming it, as on Heron's own routes."""
 
 from __future__ import annotations
 
@@ -6,14 +9,28 @@ from collections.abc import Mapping
 from typing import Any
 
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
-from heron_sdk.types import MAX_INTEGER, MAX_ITEMS_PER_REQUEST, check_text, integral
+from heron_sdk.types import (
+    MAX_INTEGER,
+    MAX_ITEMS_PER_REQUEST,
+    check_fields,
+    check_finite,
+    check_text,
+    integral,
+)
 from heron_sdk.wire import array_to_base64
+
+# Every field of OpenAI's embeddings request (platform.openai.com/docs/api-reference/embeddings).
+EMBEDDINGS_FIELDS = frozenset({"input", "model", "encoding_format", "dimensions", "user"})
 
 
 def parse_embeddings_request(body: Any) -> tuple[str, list[str], str, int | None]:
     """(model, texts, encoding_format, dimensions) from an OpenAI embeddings body."""
     if not isinstance(body, Mapping):
         raise HeronError(ErrorCode.MALFORMED_BODY, "body must be an object")
+    check_fields(body, EMBEDDINGS_FIELDS)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise invalid_field("user", "must be a string")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid_field("model", "is required and must be a string")
@@ -38,6 +55,7 @@ def parse_embeddings_request(body: Any) -> tuple[str, list[str], str, int | None
     encoding = "float" if encoding is None else encoding  # "" and false are errors, too
     if encoding not in ("float", "base64"):
         raise invalid_field("encoding_format", "must be 'float' or 'base64'")
+    check_finite(body.get("dimensions"), "dimensions")
     dims = integral(body.get("dimensions"))
     if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int)
                              or not 0 < dims <= MAX_INTEGER):

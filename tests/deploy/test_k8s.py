@@ -157,7 +157,9 @@ def test_every_heron_process_declares_streams_with_three_replicas(overlay):
     for name, _doc, container in containers:
         env = env_of(container)
         assert env.get("HERON_STREAM_REPLICAS") == str(nats_nodes), name
-        assert env.get("HERON_NATS_URL") == "nats://nats:4222", name
+        # Every node, by its headless-service name: a node loss is a reconnect, not a stop.
+        urls = env.get("HERON_NATS_URL", "").split(",")
+        assert urls == [f"nats://nats-{i}.nats-headless:4222" for i in range(nats_nodes)], name
 
 
 def test_heron_stream_replicas_reaches_every_declaration(monkeypatch):

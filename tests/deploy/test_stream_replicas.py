@@ -5,7 +5,6 @@ same work stream after the gateway finds no mismatch."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from pathlib import Path
 
@@ -24,31 +23,16 @@ from heron.runtime.nats_names import (
     ensure_work_stream,
     work_stream,
 )
-from tests.support.nats_server import nats_binary
-from tests.support.servers import free_port
+from tests.support.nats_server import NatsCluster
 
 
 @pytest.fixture
 def nats_cluster(tmp_path: Path):
-    client = [free_port() for _ in range(3)]
-    routes = [free_port() for _ in range(3)]
-    procs = []
-    for i in range(3):
-        peers = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(routes) if j != i)
-        log = open(tmp_path / f"n{i}.log", "wb")  # noqa: SIM115 (closed with the process)
-        procs.append((subprocess.Popen(
-            [nats_binary(), "-a", "127.0.0.1", "-p", str(client[i]), "-js",
-             "-sd", str(tmp_path / f"n{i}"), "-n", f"n{i}", "--cluster_name", "heron",
-             "--cluster", f"nats://127.0.0.1:{routes[i]}", "--routes", peers],
-            stdout=log, stderr=subprocess.STDOUT), log))
+    cluster = NatsCluster(tmp_path).start()
     try:
-        yield [f"nats://127.0.0.1:{p}" for p in client]
+        yield cluster.urls
     finally:
-        for proc, _log in procs:
-            proc.terminate()
-        for proc, log in procs:
-            proc.wait(10)
-            log.close()
+        cluster.stop()
 
 
 async def _connect(urls: list[str]):

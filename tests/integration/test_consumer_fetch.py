@@ -150,3 +150,78 @@ def test_fetch_lookahead_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("HERON_FETCH_LOOKAHEAD", bad)
         with pytest.raises(ValueError, match="HERON_FETCH_LOOKAHEAD"):
             fetch_lookahead_from_env()
+
+
+@pytest.mark.slow
+async def test_a_gone_gateways_items_are_terminated_not_computed(
+        nats_server: NatsServer) -> None:
+    """No responders on a gateway's inbox: the item computed when it went is terminated
+    after the worker asked again for a few seconds, kept in progress meanwhile (the ack wait
+    here is 1 s) while the worker goes on taking work; the gateway's items fetched during
+    those seconds wait and are terminated unread, as are those fetched later. None comes
+    back; a live gateway's items are answered as usual. A gateway wrongly found gone (cut
+    off from NATS for a while) is asked again every 2 s and served again once it answers."""
+    pool = f"g{uuid.uuid4().hex[:8]}"
+    spec = WorkStreamSpec(pool=pool, ack_wait_s=1.0)
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    service = SlowService(0.2)
+    metrics = WorkerMetrics()
+    consumer = WorkConsumer(nc, service, spec, lookahead_items=2,  # type: ignore[arg-type]
+                            metrics=metrics)
+    gone = f"_INBOX.heron.gone.{uuid.uuid4().hex[:6]}"  # nobody subscribes
+    live = f"_INBOX.heron.live.{uuid.uuid4().hex[:6]}"
+    sub = await nc.subscribe(live + ".>")
+
+    async def publish_gone(numbers: range) -> None:
+        for i in numbers:
+            await js.publish(work_subject(pool, "m"),
+                             wire.encode({"items": [f"gone {i}"]}, wire.MSGPACK),
+                             headers=WorkItemHeaders(f"g{i}", "encode", "m", f"{gone}.k{i}",
+                                                     0, 1, None, 0).to_wire())
+
+    def terminated(computed: str) -> float:
+        line = f'heron_worker_terminated_items_total{{computed="{computed}",pool="{pool}"}} '
+        text = metrics.render().decode()
+        return float(text.split(line)[1].split()[0]) if line in text else 0.0
+
+    try:
+        await consumer.start()
+        await publish_gone(range(1))
+        await _publish(js, pool, f"{live}.k", ["live 0", "live 1", "live 2", "live 3"])
+        assert sorted(await _answers(sub, 4)) == ["r0", "r1", "r2", "r3"]
+        await publish_gone(range(1, 3))  # while the worker still asks the gone gateway
+        for _ in range(200):
+            if terminated("true") == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert terminated("true") == 1  # gone 0: computed for nobody
+        await publish_gone(range(3, 10))  # known gone by now
+        for _ in range(100):
+            if terminated("false") == 9:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.5)  # a redelivery, had there been one, would show by now
+        assert service.calls == ["gone 0", "live 0", "live 1", "live 2", "live 3"]
+        assert terminated("false") == 9
+        assert "heron_worker_redeliveries_total{" not in metrics.render().decode()
+        assert (await js.stream_info(f"HERON_WORK_{pool}")).state.messages == 0
+
+        back: list[str] = []
+
+        async def confirm(msg: Any) -> None:  # the gateway, listening again
+            await msg.respond(b"")
+            if msg.data:  # a result; an empty message asks whether anyone listens
+                back.append(wire.decode(msg.data, wire.MSGPACK)["request_id"])
+
+        await nc.subscribe(gone + ".>", cb=confirm)
+        await asyncio.sleep(2.1)  # the next item of that gateway asks its inbox again
+        await publish_gone(range(10, 11))
+        for _ in range(100):
+            if back:
+                break
+            await asyncio.sleep(0.05)
+        assert back == ["g10"] and service.calls[-1] == "gone 10"
+    finally:
+        await consumer.drain()
+        await nc.close()

@@ -1,13 +1,16 @@
 """NatsLink, the NATS connection of the gateway, the worker and the config service, against
 real nats-servers: it connects when the server starts late, sets up again after a restart
-that lost the store, fails over between several URLs, reports a setup that fails, and
-closes at once while still connecting; and a worker, on its own, declares its pool's
-stream again after a restart that lost the store, and is not ready while it cannot consume."""
+that lost the store, fails over between several URLs, is ready within seconds when the first
+URLs of its list are down or hung (and so are the gateway and the config service), reports a
+setup that fails, and closes at once while still connecting; and a worker, on its own,
+declares its pool's stream again after a restart that lost the store, and is not ready while
+it cannot consume."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -30,7 +33,7 @@ from heron.runtime.nats_names import (
 )
 from heron_sdk.types import EncodeRequest, Item
 from tests.integration.test_worker_queue import _roundtrip as roundtrip
-from tests.support.cluster_procs import WorkerProcess
+from tests.support.cluster_procs import ConfigProcess, GatewayProcess, WorkerProcess
 from tests.support.nats_server import NatsServer
 from tests.support.servers import free_port
 
@@ -155,6 +158,62 @@ async def test_several_urls_one_dead_and_failover(servers: list[NatsServer]) -> 
         assert link.ready
 
     await closing(link, body)
+
+
+@pytest.fixture()
+def hung_node() -> Iterator[str]:
+    """A "node" that accepts TCP connections and never speaks (a nats-server that hangs,
+    or a host whose port a load balancer holds open): a client waits on it until its
+    connect timeout."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)  # the kernel completes handshakes; nothing ever sends INFO
+    try:
+        yield f"nats://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+async def test_down_seed_nodes_before_the_live_one_cost_seconds_at_most(
+        servers: list[NatsServer], hung_node: str) -> None:
+    """--nats a,b,c whose first nodes are down (refused) or hung: the link is ready on the
+    node that is up within a few seconds, whatever order the client tries them in (it
+    shuffles them): a refused node costs nothing, a hung one its connect timeout (2 s)."""
+    live = servers[0]
+    await asyncio.to_thread(live.start)
+    refused = [f"nats://127.0.0.1:{free_port()}" for _ in range(2)]
+    for urls, within_s in (([refused[0], live.url], 3.0),
+                           ([refused[0], refused[1], live.url], 3.0),
+                           ([hung_node, refused[0], live.url], 5.0)):
+        for _ in range(3):  # each try shuffles the list anew
+            hook = StreamHook()
+            link = started(NatsLink(",".join(urls), name="seeds", setup=hook))
+            began = time.monotonic()
+            try:
+                await asyncio.wait_for(link.wait_set_up(), within_s)
+                assert link.ready and link.connected_url == live.url
+            finally:
+                await link.close()
+            assert time.monotonic() - began < within_s
+
+
+def test_components_start_with_their_first_seed_node_down(tmp_path: Path) -> None:
+    """`heron gateway` and `heron config` with --nats <down>,<down>,<up>: ready (NATS set
+    up) as soon as they would be with the live node alone."""
+    server = NatsServer(tmp_path / "nats").start()
+    urls = ",".join([f"nats://127.0.0.1:{free_port()}", f"nats://127.0.0.1:{free_port()}",
+                     server.url])
+    gateway = GatewayProcess(urls, {"default": f"p{uuid.uuid4().hex[:8]}"}, tmp_path)
+    config = ConfigProcess(urls, str(tmp_path / "store"), tmp_path)
+    try:
+        for process in (gateway, config):
+            process.wait_ready(timeout_s=30)
+            readiness = httpx.get(process.url + "/readyz", timeout=5).json()
+            assert readiness["nats_connected"] is True, readiness
+    finally:
+        gateway.stop()
+        config.stop()
+        server.stop()
 
 
 async def test_a_failing_setup_is_reported_and_retried(servers: list[NatsServer]) -> None:

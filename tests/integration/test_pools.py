@@ -179,7 +179,8 @@ def test_bad_renew_bodies_and_malformed_json(gws: Gateways) -> None:
                                                                   "ttl_s")
         assert error(httpx.post(url, json={"ttl_s": 10**6})) == (422, "INVALID_FIELD",
                                                                  "ttl_s")
-        assert error(httpx.post(url, json={"workers": 3})) == (422, "INVALID_FIELD", "body")
+        assert error(httpx.post(url, json={"workers": 3})) == (422, "INVALID_FIELD",
+                                                                "workers")
         bad = httpx.post(gws.a.url + "/v1/pools", content=b"{not json",
                          headers={"content-type": "application/json"})
         assert error(bad)[:2] == (400, "MALFORMED_BODY")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -91,8 +90,8 @@ def test_lazy_load_then_serve_and_load_failure_is_502(tmp_path: Path,
             assert time.monotonic() - started < 2
     finally:
         server.stop()
-    # uvicorn shuts down gracefully, then re-raises SIGTERM; SIGKILL would mean it hung.
-    assert server.proc.returncode in (0, -signal.SIGTERM), server.log()
+    # A graceful shutdown exits 0 (a hang would end in SIGKILL).
+    assert server.proc.returncode == 0, server.log()
 
 
 @pytest.mark.slow
@@ -111,7 +110,7 @@ def test_models_flag_serves_a_subset_and_stops_cleanly(tmp_path: Path,
             assert all(x["truncated"] for x in r.json()["results"])
     finally:
         server.stop()
-    assert server.proc.returncode in (0, -signal.SIGTERM)
+    assert server.proc.returncode == 0
 
 
 def test_null_bundle_returns_fixed_vectors_with_real_token_counts(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from heron.cli.main import serve_processes, usable_cpus
-from tests.support.servers import REPO, start_serve
+from tests.support.servers import REPO, free_port, start_serve
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -144,3 +145,57 @@ def test_bursts_of_connections_spread_over_the_processes_and_a_dead_one_is_repla
             assert r.status_code == 200, r.text
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--models", "{bad}"], "bad.yaml: adapter: must be one of"),
+    (["--bundle", "{missing}"], "missing.yaml"),
+    (["--inference-cpus", "0-x"], "--inference-cpus: 0-x: expected off, auto, or a CPU list"),
+    (["--inference-cpus", "100000"], "--inference-cpus: 100000: CPUs 100000 are not usable"),
+])
+def test_a_config_error_stops_several_processes_before_they_start(
+        tmp_path: Path, args: list[str], message: str) -> None:
+    """Refused once, in the parent, with one line and exit 2: no socket, no process (the
+    processes would each fail and be started again forever)."""
+    (tmp_path / "bad.yaml").write_text("id: x/bad\nadapter: nope\n")
+    port = free_port()
+    args = [a.format(bad=tmp_path / "bad.yaml", missing=tmp_path / "missing.yaml")
+            for a in args]
+    bundle = [] if "--bundle" in args else ["--bundle", "null"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "heron.cli", "serve", *bundle, "--workers", "2", "--port",
+         str(port), *args], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert proc.stderr.startswith("heron: config error: ")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "spawn" not in proc.stderr and "listening" not in proc.stderr
+
+
+def test_a_process_that_dies_while_starting_stops_the_server(tmp_path: Path) -> None:
+    """Killed before it served (as the OOM killer might, loading): not started again and
+    again; the server stops and exits 1."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "heron.cli", "serve", "--bundle", "null", "--workers", "2",
+             "--port", str(port), "--log-level", "warning"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    parent = psutil.Process(proc.pid)
+    try:
+        deadline = time.monotonic() + 60
+        starting: list[psutil.Process] = []
+        while not starting and time.monotonic() < deadline:
+            with contextlib.suppress(psutil.Error):
+                starting = [p for p in parent.children()
+                            if "spawn_main" in " ".join(p.cmdline())]
+            time.sleep(0.01)
+        starting[0].kill()  # it is still importing: it has not served yet
+        assert proc.wait(60) == 1, log.read_text()
+        assert "exited with status -9 while starting; stopping" in log.read_text()
+        assert not [p for p in starting if p.is_running() and p.status() != "zombie"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

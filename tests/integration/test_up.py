@@ -20,16 +20,18 @@ from tests.support.servers import REPO, free_port
 
 
 class UpProcess:
-    def __init__(self, tmp: Path, *args: str) -> None:
-        self.port, self.nats_port = free_port(), free_port()
+    def __init__(self, tmp: Path, *args: str, nats_port: int | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.port, self.nats_port = free_port(), nats_port or free_port()
         self.log = tmp / "up.log"
+        self.data_dir = tmp / "data"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "heron.cli", "up", "--port", str(self.port),
                  "--nats-port", str(self.nats_port), "--config-port", "0", "--data-dir",
-                 str(tmp / "data"), *args],
+                 str(self.data_dir), *args],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
         self.url = f"http://127.0.0.1:{self.port}"
 
     def children(self) -> list[psutil.Process]:

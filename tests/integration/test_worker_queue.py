@@ -157,7 +157,7 @@ def test_sigterm_drains_and_exits_cleanly(nats_server: NatsServer, pool: str,
         return await task
 
     results = asyncio.run(run())
-    assert w.proc.wait(60) in (0, -signal.SIGTERM)
+    assert w.proc.wait(60) == 0
     answered = {k: v for k, v in results.items() if k != "_left_in_stream"}
     # Everything it took was finished and answered; the rest is still queued, not lost.
     assert all("error" not in r for r in answered.values())

@@ -203,3 +203,28 @@ async def test_batches_shrink_while_priorities_mix() -> None:
     while len(mixed):
         sizes.append(len(await mixed.next_batch()))
     assert sum(sizes) == 41 and max(sizes) == 16 // MIXED_PRIORITY_BATCH_SHARE
+
+
+async def test_a_request_bigger_than_the_bound_runs_alone_when_the_queue_is_empty() -> None:
+    b = new(queue=8)
+    big = make(b, [5] * 9)  # 9 items, bound 8: taken, the queue being empty
+    assert len(b) == 9
+    with pytest.raises(HeronError) as err:  # but nothing joins it past the bound
+        make(b, [5])
+    assert err.value.code is ErrorCode.QUEUE_FULL and err.value.retry_after_s >= 1
+    taken = [*await b.next_batch(), *await b.next_batch()]  # 8 items a batch at most
+    assert sorted(map(id, taken)) == sorted(map(id, big))
+
+
+async def test_refuses_what_the_queue_would_not_finish_before_the_deadline() -> None:
+    b = new(queue=10_000)
+    for _ in range(8):  # measured: 1,000 tokens a second
+        b.drain.observe(100, 0.1)
+    make(b, [100] * 30)  # 3,000 tokens queued: about 3 s
+    soon = time.monotonic() + 1.0
+    with pytest.raises(HeronError) as err:
+        make(b, [10], deadline=soon)
+    assert err.value.code is ErrorCode.QUEUE_FULL and err.value.status == 429
+    assert err.value.retry_after_s == 3.0  # 3.01 s of work, 0.85 s usable
+    make(b, [10], deadline=time.monotonic() + 10.0)  # time enough: taken
+    assert len(b) == 31

@@ -116,11 +116,34 @@ class Adapter(ABC):
         """from_pretrained's trust_remote_code, as the model's config allows."""
         return {"trust_remote_code": self.config.trust_remote_code}
 
+    def load_with_head(self, auto_class: Any, path: Path) -> torch.nn.Module:
+        """``auto_class.from_pretrained(path)`` (an AutoModelFor* class: a backbone and a
+        task head) that refuses a checkpoint lacking weights of that model.
+
+        transformers fills weights missing from the files with random ones and only warns
+        (a base BertModel loaded as a sequence classifier gets a random ``classifier``):
+        served, that model answers noise as if right. Its own loading info lists what it
+        initialized (tied weights and keys a model declares optional are not listed)."""
+        model, info = auto_class.from_pretrained(str(path), output_loading_info=True,
+                                                 **self.remote_code)
+        missing = sorted(info.get("missing_keys") or ())
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more"
+                                              if len(missing) > 8 else "")
+            raise CheckpointError(
+                f"the checkpoint lacks weights the {self.name} adapter's "
+                f"{type(model).__name__} needs: {shown} would be newly initialized (random "
+                f"outputs). Point the model at a checkpoint trained for this task (with its "
+                f"head), or pick the adapter its files are for")
+        return model
+
     def load(self, path: Path, device: torch.device, dtype: torch.dtype) -> None:
         path = self.checkpoint.backbone or path  # a Router keeps its transformer in a folder
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(path), **self.remote_code)
             model = self.load_model(path)
+        except CheckpointError:
+            raise  # a ValueError too, but already says what is wrong
         except ValueError as exc:
             if self.checkpoint.remote_code and not self.config.trust_remote_code:
                 raise CheckpointError(

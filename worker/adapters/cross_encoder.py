@@ -14,7 +14,7 @@ class CrossEncoderAdapter(Adapter):
     name = "cross_encoder"
 
     def load_model(self, path: Path) -> torch.nn.Module:
-        return AutoModelForSequenceClassification.from_pretrained(str(path), **self.remote_code)
+        return self.load_with_head(AutoModelForSequenceClassification, path)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         logits = self.model(**batch.model_inputs()).logits.float()

@@ -38,7 +38,7 @@ class SparseAdapter(Adapter):
             self.static_weights = state["weight"].float()
             self.static_tokenizer = AutoTokenizer.from_pretrained(str(static),
                                                                   **self.remote_code)
-        return AutoModelForMaskedLM.from_pretrained(str(path), **self.remote_code)
+        return self.load_with_head(AutoModelForMaskedLM, path)  # its MLM head makes the terms
 
     def load(self, path: Path, device: torch.device, dtype: torch.dtype) -> None:
         super().load(path, device, dtype)

@@ -20,7 +20,7 @@ class TokenClassifierAdapter(Adapter):
     needs_offsets = True
 
     def load_model(self, path: Path) -> torch.nn.Module:
-        model = AutoModelForTokenClassification.from_pretrained(str(path), **self.remote_code)
+        model = self.load_with_head(AutoModelForTokenClassification, path)
         self.id2label = {int(k): str(v) for k, v in model.config.id2label.items()}
         return model
 

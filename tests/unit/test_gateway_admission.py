@@ -1,0 +1,76 @@
+"""Admission by deadline (gateway/admission.py), with an injected clock: the backlog is
+judged by the rate the pool has been answering, over busy time only."""
+
+from __future__ import annotations
+
+import pytest
+
+from heron.gateway.admission import MIN_RETRY_AFTER_S, PoolLoad
+
+
+def busy_pool(rate_items_s: float, results: int = 20, start: float = 0.0) -> tuple[PoolLoad,
+                                                                                    float]:
+    """A pool that answered ``results`` one-item requests at ``rate_items_s``; the clock
+    after the last one."""
+    load = PoolLoad(min_samples=8)
+    now = start
+    load.published(results, results, now)
+    for _ in range(results):
+        now += 1.0 / rate_items_s
+        load.answered(1, 1, now)
+    return load, now
+
+
+def test_no_rate_yet_admits_up_to_the_item_bound() -> None:
+    load = PoolLoad(min_samples=8)
+    load.published(100, 100, 0.0)
+    assert load.rates() is None
+    assert load.refusal(10, 10, remaining_s=0.01, timeout_s=10, max_items=200) is None
+    refusal = load.refusal(150, 150, remaining_s=10, timeout_s=10, max_items=200)
+    assert refusal is not None and "bound 200" in refusal.reason
+    assert refusal.retry_after_s >= MIN_RETRY_AFTER_S
+
+
+def test_a_request_bigger_than_the_bound_is_admitted_into_an_empty_pool() -> None:
+    load = PoolLoad(min_samples=8)
+    assert load.refusal(5000, 80, remaining_s=30, timeout_s=30, max_items=4096) is None
+
+
+def test_rate_is_measured_over_busy_time_only() -> None:
+    load, now = busy_pool(100.0)
+    items_s, slices_s = load.rates()  # type: ignore[misc]
+    assert items_s == pytest.approx(100.0) and slices_s == pytest.approx(100.0)
+    # A quiet minute changes nothing: idle time is not work time.
+    now += 60.0
+    load.published(1, 1, now)
+    load.answered(1, 1, now + 0.01)
+    assert load.rates()[0] == pytest.approx(100.0, rel=0.05)  # type: ignore[index]
+
+
+def test_refuses_what_cannot_finish_in_time_with_an_honest_retry_after() -> None:
+    load, now = busy_pool(100.0)
+    load.published(500, 500, now)  # 5 s of work at 100 items/s
+    assert load.refusal(1, 1, remaining_s=10.0, timeout_s=10.0, max_items=4096) is None
+    refusal = load.refusal(1, 1, remaining_s=2.0, timeout_s=2.0, max_items=4096)
+    assert refusal is not None and "5.0 s of work" in refusal.reason
+    # 5 s of backlog, 2 s x 0.85 usable by a retry: back in about 4 s.
+    assert refusal.retry_after_s == 4.0
+
+
+def test_slices_bound_the_wait_when_messages_are_the_cost() -> None:
+    load = PoolLoad(min_samples=8)
+    now = 0.0
+    load.published(20 * 64, 20, now)
+    for _ in range(20):  # 64-item work items, 10 a second: 640 items/s but 10 slices/s
+        now += 0.1
+        load.answered(64, 1, now)
+    load.published(30, 30, now)  # 30 one-item requests: 3 s of messages, 0.05 s of items
+    assert load.expected_wait_s(1, 1) == pytest.approx(3.1)
+
+
+def test_abandoned_work_stops_counting_but_is_no_completion() -> None:
+    load, now = busy_pool(100.0)
+    load.published(50, 5, now)
+    load.abandoned(50, 5, now + 1.0)
+    assert load.items == 0 and load.slices == 0
+    assert load.rates()[0] == pytest.approx(100.0)  # type: ignore[index]

@@ -1,0 +1,72 @@
+"""Every limit and timeout a worker operator sets: the flags of ``heron worker`` and their
+variables (heron.runtime.settings; the reference table in docs/operations.md is checked
+against it).
+
+``heron worker`` builds these from its flags and variables, refuses a bad value before it
+loads anything, and writes them back into its environment (``export_env``), where the parts
+that read a variable find them (worker/consumer.py: HERON_FETCH_LOOKAHEAD; worker/memory.py:
+HERON_MEMORY_THRESHOLD_PERCENT, HERON_MODEL_MEMORY_BUDGET, HERON_IDLE_EVICT_S,
+HERON_HEAP_TRIM_S; heron.runtime.nats_names: HERON_STREAM_REPLICAS). Code that wants the
+rest takes ``WorkerSettings.from_env()`` once. No torch here: the command's parser imports
+this module for every command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from heron.runtime.settings import WorkStreamSettings, setting
+from heron_sdk.types import MAX_BODY_BYTES
+
+# Queue mode: items held beyond the running forward pass. 16 on CPU (measured, see
+# WorkConsumer._fetch_loop); 128 on a GPU, where a forward pass takes milliseconds and
+# batches must be big to use the device. worker/consumer.py holds the same numbers
+# (tests/unit/test_settings.py checks).
+CPU_FETCH_LOOKAHEAD = 16
+GPU_FETCH_LOOKAHEAD = 128
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings(WorkStreamSettings):
+    """The worker's knobs. The work stream's (``stream_*``, inherited) must match the
+    gateway's: both declare the pool's stream and consumer."""
+
+    env_prefix: ClassVar[str] = "HERON_WORKER_"
+
+    fetch_lookahead: int | None = setting(
+        None, "Queue mode: items a worker holds beyond the batch it is running; the rest "
+              "stays in the stream for the pool's other workers (auto: by device)",
+        env="HERON_FETCH_LOOKAHEAD", minimum=1,
+        shown=f"`auto`: {CPU_FETCH_LOOKAHEAD} on CPU, {GPU_FETCH_LOOKAHEAD} on CUDA")
+    default_timeout_s: float = setting(
+        30.0, "Deadline of a request to the worker's own HTTP API that sets no timeout_s",
+        above=0)
+    max_work_items_in_flight: int = setting(
+        128, "Queue mode: work items a worker has taken and not finished, at most", minimum=1)
+    drain_timeout_s: float = setting(
+        60.0, "Queue mode, after SIGTERM: how long the worker may take to finish and "
+              "acknowledge the work it holds (what is left goes to other workers after "
+              "the ack wait)")
+    max_body_bytes: int = setting(
+        MAX_BODY_BYTES, "Largest request body of the worker's own HTTP API, before 413 "
+                        "PAYLOAD_TOO_LARGE", minimum=1, size=True)
+    memory_threshold_percent: float = setting(
+        85.0, "Evict the least recently used idle model while the device's memory use is at "
+              "or above this percentage", env="HERON_MEMORY_THRESHOLD_PERCENT", minimum=1,
+        maximum=100)
+    model_memory_budget: int | None = setting(
+        None, "Bytes the loaded models' weights may take together (800MB, 1.5GiB, 123456; "
+              "none: no budget)", env="HERON_MODEL_MEMORY_BUDGET", minimum=1, size=True)
+    idle_evict_s: float = setting(
+        0.0, "Also evict a model nobody used for this many seconds (0: never)",
+        env="HERON_IDLE_EVICT_S")
+    heap_trim_s: float = setting(
+        5.0, "Every this many seconds, between batches, hand freed heap pages back to the OS "
+             "(glibc malloc_trim; 0: never)", env="HERON_HEAP_TRIM_S")
+
+    def lookahead(self, on_gpu: bool) -> int:
+        """``fetch_lookahead``, or its default for the device."""
+        if self.fetch_lookahead is not None:
+            return self.fetch_lookahead
+        return GPU_FETCH_LOOKAHEAD if on_gpu else CPU_FETCH_LOOKAHEAD
