@@ -73,6 +73,7 @@ class WorkRequest:
     timeout_s: float
     received_at: float  # time.monotonic() when the gateway received it: the deadline's start
     priority: int = 0
+    workers: int = 1  # healthy workers of the pool now (admission's rate before one is known)
     shared_text: str = ""  # sent with every slice (the score query)
     # encode/extract: a slice that fails server-side (5xx) becomes per-item errors and the
     # rest is answered; score and OpenAI bodies have no place for per-item errors.
@@ -198,7 +199,8 @@ class Dispatcher:
         settings = self.settings  # (the bound on requests in flight is the front's)
         refusal = self.load(work.pool).refusal(
             len(work.items), slices, remaining, work.timeout_s,
-            settings.max_outstanding_items_per_pool)
+            settings.max_outstanding_items_per_pool,
+            settings.admission_cold_rate_per_worker * max(1, work.workers))
         if refusal is not None:
             self.metrics.refused.labels(work.pool).inc()
             raise HeronError(ErrorCode.QUEUE_FULL,
@@ -301,7 +303,9 @@ class Dispatcher:
             pending.answered_slices += 1
             load = self.load(pending.pool)
             if result.error is None:  # the rate is of work done, not of refusals
-                load.answered(result.count, 1, arrived)
+                batch_s = result.timings.get("inference") if result.timings else None
+                load.answered(result.count, 1, arrived,
+                              batch_s if isinstance(batch_s, int | float) else None)
             else:
                 load.abandoned(result.count, 1, arrived)
             self._show_outstanding(pending.pool)

@@ -237,7 +237,8 @@ class GatewayApp:
             request_id=context.request_id if context else new_request_id(),
             pool=route.pool, task=task, model_id=route.model_id, wire_body=wire_body,
             items=items, timeout_s=timeout_s, received_at=call.received_at,
-            priority=options.priority, shared_text=shared_text, partial=partial))
+            priority=options.priority, workers=len(self.health.healthy(route.pool)),
+            shared_text=shared_text, partial=partial))
 
     async def _require_capacity(self, route: ModelRoute) -> None:
         pool = route.pool

@@ -33,6 +33,10 @@ class GatewaySettings(WorkStreamSettings):
     admission_min_samples: int = setting(
         8, "Results per pool before the gateway trusts its throughput estimate for "
            "admission", minimum=1)
+    admission_cold_rate_per_worker: float = setting(
+        20.0, "Until a pool's rate is measured (admission_min_samples results), the items a "
+              "second each healthy worker is assumed to compute, for admission by deadline "
+              "(low: a burst into a cold pool is not admitted blind)", above=0)
     queue_full_retry_after_s: float = setting(
         1.0, "Retry-After of a 429 QUEUE_FULL for a full backlog or stream")
     max_body_bytes: int = setting(

@@ -32,6 +32,9 @@ MAX_TEXT_CHARS = 1_000_000
 # Integer fields (priority, dims, top_k, dimensions) stay within int32: every wire form and
 # header carries them, and no real value comes near (a bigger one is a 422, not a 500).
 MAX_INTEGER = 2**31 - 1
+# The shortest deadline a request may ask for: 1 ms. A smaller one (5e-324 in a fuzzed
+# body) has passed before the request is read; it is bad input, not a deadline missed.
+MIN_TIMEOUT_S = 0.001
 
 # The fields each body may hold; any other is a 422 naming it (a misspelt option would
 # otherwise be dropped without a word and the request answered as if it were not there).
@@ -172,8 +175,9 @@ class RequestOptions:
         if priority < 0:
             raise invalid_field("priority", "must be >= 0 (0 is the highest)")
         timeout_s = _opt(body, "timeout_s", (int, float), None)
-        if timeout_s is not None and timeout_s <= 0:
-            raise invalid_field("timeout_s", "must be > 0")
+        if timeout_s is not None and timeout_s < MIN_TIMEOUT_S:
+            raise invalid_field("timeout_s", f"must be at least {MIN_TIMEOUT_S:g} (a second "
+                                "is 1; no model answers within less)")
         encoding = _opt(body, "encoding", str, "float")
         if encoding not in ENCODINGS:
             raise invalid_field("encoding", f"must be one of {list(ENCODINGS)}")

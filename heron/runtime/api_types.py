@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 from heron.runtime.json_schema import closed, schema
 from heron_sdk.errors import STATUS_BY_CODE, ErrorCode
 from heron_sdk.pools import MAX_POOL_WORKERS, MAX_TTL_S, MIN_TTL_S, POOL_NAME_RE
-from heron_sdk.types import MAX_INTEGER, MAX_ITEMS_PER_REQUEST, MAX_TEXT_CHARS
+from heron_sdk.types import MAX_INTEGER, MAX_ITEMS_PER_REQUEST, MAX_TEXT_CHARS, MIN_TIMEOUT_S
 
 # ---- requests ------------------------------------------------------------------------------
 Text = Annotated[str, schema(maxLength=MAX_TEXT_CHARS,
@@ -48,7 +48,7 @@ class RequestOptionsBody(TypedDict):
     truncate: NotRequired[Annotated[bool | None, schema(default=True)]]
     priority: NotRequired[Annotated[int | None, schema(minimum=0, maximum=MAX_INTEGER,
                                                           default=0)]]
-    timeout_s: NotRequired[Annotated[float | None, schema(exclusiveMinimum=0)]]
+    timeout_s: NotRequired[Annotated[float | None, schema(minimum=MIN_TIMEOUT_S)]]
     encoding: NotRequired[Annotated[Encoding | None, schema(default="float")]]
 
 

@@ -21,19 +21,27 @@ def busy_pool(rate_items_s: float, results: int = 20, start: float = 0.0) -> tup
     return load, now
 
 
-def test_no_rate_yet_admits_up_to_the_item_bound() -> None:
+def test_no_rate_yet_assumes_the_cold_rate_and_keeps_the_item_bound() -> None:
     load = PoolLoad(min_samples=8)
     load.published(100, 100, 0.0)
     assert load.rates() is None
-    assert load.refusal(10, 10, remaining_s=0.01, timeout_s=10, max_items=200) is None
-    refusal = load.refusal(150, 150, remaining_s=10, timeout_s=10, max_items=200)
+    assert load.refusal(10, 10, remaining_s=20, timeout_s=20, max_items=200,
+                        cold_rate=10.0) is None
+    refusal = load.refusal(150, 150, remaining_s=10, timeout_s=10, max_items=200,
+                           cold_rate=1000.0)
     assert refusal is not None and "bound 200" in refusal.reason
     assert refusal.retry_after_s >= MIN_RETRY_AFTER_S
+    # 100 waiting and 40 more at the 10 items/s assumed: 14 s, over 80% of 10 s.
+    refusal = load.refusal(40, 40, remaining_s=10, timeout_s=10, max_items=200,
+                           cold_rate=10.0)
+    assert refusal is not None and "assumed until a rate is measured" in refusal.reason
+    assert refusal.retry_after_s == 6.0
 
 
 def test_a_request_bigger_than_the_bound_is_admitted_into_an_empty_pool() -> None:
     load = PoolLoad(min_samples=8)
-    assert load.refusal(5000, 80, remaining_s=30, timeout_s=30, max_items=4096) is None
+    assert load.refusal(5000, 80, remaining_s=30, timeout_s=30, max_items=4096,
+                        cold_rate=10.0) is None
 
 
 def test_rate_is_measured_over_busy_time_only() -> None:
@@ -50,8 +58,10 @@ def test_rate_is_measured_over_busy_time_only() -> None:
 def test_refuses_what_cannot_finish_in_time_with_an_honest_retry_after() -> None:
     load, now = busy_pool(100.0)
     load.published(500, 500, now)  # 5 s of work at 100 items/s
-    assert load.refusal(1, 1, remaining_s=10.0, timeout_s=10.0, max_items=4096) is None
-    refusal = load.refusal(1, 1, remaining_s=2.0, timeout_s=2.0, max_items=4096)
+    assert load.refusal(1, 1, remaining_s=10.0, timeout_s=10.0, max_items=4096,
+                        cold_rate=10.0) is None
+    refusal = load.refusal(1, 1, remaining_s=2.0, timeout_s=2.0, max_items=4096,
+                           cold_rate=10.0)
     assert refusal is not None and "5.0 s of work" in refusal.reason
     # 5 s of backlog, 2 s x 0.85 usable by a retry: back in about 4 s.
     assert refusal.retry_after_s == 4.0
@@ -74,3 +84,16 @@ def test_abandoned_work_stops_counting_but_is_no_completion() -> None:
     load.abandoned(50, 5, now + 1.0)
     assert load.items == 0 and load.slices == 0
     assert load.rates()[0] == pytest.approx(100.0)  # type: ignore[index]
+
+
+def test_the_last_admitted_item_waits_for_its_whole_batch() -> None:
+    load = PoolLoad(min_samples=8)
+    now = 0.0
+    load.published(20, 20, now)
+    for _ in range(20):  # 10 items a second, each result from a 1.5 s forward pass
+        now += 0.1
+        load.answered(1, 1, now, batch_s=1.5)
+    load.published(30, 30, now)  # 3 s of backlog at the rate, and one batch on top
+    assert load.expected_wait_s(1, 1) == pytest.approx(3.1 + 1.5)
+    assert load.refusal(1, 1, remaining_s=5.0, timeout_s=5.0, max_items=4096,
+                        cold_rate=10.0) is not None  # 4.6 s > 80% of 5 s
