@@ -79,8 +79,8 @@ class PoolLoad:
         forward pass of ``batch_s`` seconds (when the worker said)."""
         self._advance(now)
         if batch_s is not None and batch_s >= 0:
-            self.batch_s += BATCH_EWMA * (batch_s - self.batch_s) if self._done else (
-                batch_s - self.batch_s)
+            weight = BATCH_EWMA if self._done else 1.0  # the first result sets it
+            self.batch_s += weight * (batch_s - self.batch_s)
         self.items = max(0, self.items - items)
         self.slices = max(0, self.slices - slices)
         self._items_done += items

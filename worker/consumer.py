@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -48,6 +47,7 @@ from heron.runtime.protocol import ProtocolError, WorkItemHeaders, WorkResult
 from heron.worker.gateway_inboxes import Delivery, GatewayInboxes
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.service import InferenceService, Outcome
+from heron.worker.settings import CPU_FETCH_LOOKAHEAD
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
@@ -61,27 +61,10 @@ _RETRIED = 102  # an item nak'ed to run later (model loading, queue full): not a
 _TERMINATED = 499  # its gateway is gone: nobody to answer (nginx's "client closed request")
 _OUTCOMES = {200: "answered", _RETRIED: "nak'ed, to run later",
              _TERMINATED: "terminated, its gateway is gone"}
-DEFAULT_FETCH_LOOKAHEAD = 16
-GPU_FETCH_LOOKAHEAD = 128
 BACKLOG_POLL_S = 0.005  # how often a full backlog is looked at again (forward passes start)
 # A result must fit in one NATS message (max_payload, 1 MiB by default) with its subject
 # and protocol line: a generous allowance for those.
 RESULT_HEADROOM_BYTES = 1024
-
-
-def fetch_lookahead_from_env(on_gpu: bool = False) -> int:
-    """HERON_FETCH_LOOKAHEAD: items a worker holds beyond its running forward pass.
-    Default 16 on CPU (measured, see WorkConsumer._fetch_loop); 128 on a GPU, where a
-    forward pass takes milliseconds and batches must be big to use the device."""
-    raw = os.environ.get("HERON_FETCH_LOOKAHEAD", "")
-    default = GPU_FETCH_LOOKAHEAD if on_gpu else DEFAULT_FETCH_LOOKAHEAD
-    try:
-        value = int(raw) if raw else default
-    except ValueError:
-        raise ValueError(f"HERON_FETCH_LOOKAHEAD must be a whole number, not {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"HERON_FETCH_LOOKAHEAD must be at least 1, not {value}")
-    return value
 
 
 class _Hold:
@@ -139,7 +122,7 @@ class _KeepAlive:
 class WorkConsumer:
     def __init__(self, nc: NATS, service: InferenceService, spec: WorkStreamSpec, *,
                  fetch_batch: int = 32, max_in_flight: int = 128,
-                 lookahead_items: int = DEFAULT_FETCH_LOOKAHEAD,
+                 lookahead_items: int = CPU_FETCH_LOOKAHEAD,
                  metrics: WorkerMetrics | None = None) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()

@@ -4,10 +4,10 @@ against it).
 
 ``heron worker`` builds these from its flags and variables, refuses a bad value before it
 loads anything, and writes them back into its environment (``export_env``), where the parts
-that read a variable find them (worker/consumer.py: HERON_FETCH_LOOKAHEAD; worker/memory.py:
-HERON_MEMORY_THRESHOLD_PERCENT, HERON_MODEL_MEMORY_BUDGET, HERON_IDLE_EVICT_S,
-HERON_HEAP_TRIM_S; heron.runtime.nats_names: HERON_STREAM_REPLICAS). Code that wants the
-rest takes ``WorkerSettings.from_env()`` once. No torch here: the command's parser imports
+that read a variable find them (worker/memory.py: HERON_MEMORY_THRESHOLD_PERCENT,
+HERON_MODEL_MEMORY_BUDGET, HERON_IDLE_EVICT_S, HERON_HEAP_TRIM_S; heron.runtime.nats_names:
+HERON_STREAM_REPLICAS). Code that wants the rest (worker/app.py, worker/cluster.py) takes
+``WorkerSettings.from_env()`` once. No torch here: the command's parser imports
 this module for every command.
 """
 
@@ -21,8 +21,7 @@ from heron_sdk.types import MAX_BODY_BYTES
 
 # Queue mode: items held beyond the running forward pass. 16 on CPU (measured, see
 # WorkConsumer._fetch_loop); 128 on a GPU, where a forward pass takes milliseconds and
-# batches must be big to use the device. worker/consumer.py holds the same numbers
-# (tests/unit/test_settings.py checks).
+# batches must be big to use the device.
 CPU_FETCH_LOOKAHEAD = 16
 GPU_FETCH_LOOKAHEAD = 128
 

@@ -18,9 +18,10 @@ import pytest
 
 from heron.runtime.nats_names import WorkStreamSpec, work_subject
 from heron.runtime.protocol import WorkItemHeaders
-from heron.worker.consumer import WorkConsumer, fetch_lookahead_from_env
+from heron.worker.consumer import WorkConsumer
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.service import Outcome, Timings
+from heron.worker.settings import WorkerSettings
 from heron_sdk import wire
 from tests.support.nats_server import NatsServer
 
@@ -142,14 +143,15 @@ async def test_an_item_longer_than_the_ack_wait_is_not_redelivered(
 
 def test_fetch_lookahead_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HERON_FETCH_LOOKAHEAD", raising=False)
-    assert fetch_lookahead_from_env() == 16
-    assert fetch_lookahead_from_env(on_gpu=True) == 128
+    assert WorkerSettings.from_env().lookahead(on_gpu=False) == 16
+    assert WorkerSettings.from_env().lookahead(on_gpu=True) == 128
     monkeypatch.setenv("HERON_FETCH_LOOKAHEAD", "40")
-    assert fetch_lookahead_from_env() == fetch_lookahead_from_env(on_gpu=True) == 40
+    settings = WorkerSettings.from_env()
+    assert settings.lookahead(on_gpu=False) == settings.lookahead(on_gpu=True) == 40
     for bad in ("0", "many"):
         monkeypatch.setenv("HERON_FETCH_LOOKAHEAD", bad)
         with pytest.raises(ValueError, match="HERON_FETCH_LOOKAHEAD"):
-            fetch_lookahead_from_env()
+            WorkerSettings.from_env()
 
 
 @pytest.mark.slow

@@ -161,8 +161,7 @@ def test_the_defaults_are_the_numbers_the_code_runs_with() -> None:
     assert gateway.max_tokens_per_work_item == nats_names.MAX_TOKENS_PER_WORK_ITEM
     assert WorkStreamSettings().stream_spec("p") == nats_names.WorkStreamSpec(pool="p")
     assert gateway.max_body_bytes == worker.max_body_bytes == MAX_BODY_BYTES
-    assert worker.lookahead(on_gpu=False) == consumer.DEFAULT_FETCH_LOOKAHEAD
-    assert worker.lookahead(on_gpu=True) == consumer.GPU_FETCH_LOOKAHEAD
+    assert worker.lookahead(on_gpu=False) == consumer.CPU_FETCH_LOOKAHEAD
     parameters = inspect.signature(consumer.WorkConsumer).parameters
     assert worker.max_work_items_in_flight == parameters["max_in_flight"].default
     drain = inspect.signature(consumer.WorkConsumer.drain).parameters["timeout_s"].default
@@ -179,7 +178,6 @@ def test_worker_flags_reach_the_code_that_reads_the_environment(
     """`heron worker` writes its settings into its environment: the consumer, the memory
     policy, the heap trimmer and the stream declarations read them there."""
     from heron.runtime.nats_names import WorkStreamSpec, stream_replicas
-    from heron.worker.consumer import fetch_lookahead_from_env
     from heron.worker.memory import HeapTrimmer, MemoryPolicy
 
     for f in WorkerSettings._fields():
@@ -190,7 +188,7 @@ def test_worker_flags_reach_the_code_that_reads_the_environment(
                    "--heap-trim-s", "2", "--stream-replicas", "3"])
     settings = WorkerSettings.from_args(args, {})
     settings.export_env()
-    assert fetch_lookahead_from_env() == 7
+    assert WorkerSettings.from_env().lookahead(on_gpu=False) == 7
     assert MemoryPolicy.from_env() == MemoryPolicy(threshold_percent=70.0,
                                                    budget_bytes=int(1.5 * 1024**3),
                                                    idle_evict_s=30.0)
@@ -200,7 +198,8 @@ def test_worker_flags_reach_the_code_that_reads_the_environment(
     # auto (None) is no variable at all: the reader falls back to its device default.
     WorkerSettings(fetch_lookahead=None).export_env()
     assert "HERON_FETCH_LOOKAHEAD" not in os.environ
-    assert fetch_lookahead_from_env() == WorkerSettings().lookahead(on_gpu=False)
+    assert WorkerSettings.from_env().lookahead(on_gpu=False) == WorkerSettings().lookahead(
+        on_gpu=False)
 
 
 def test_export_and_read_back_every_kind_of_value() -> None:
