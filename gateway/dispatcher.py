@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,25 +41,46 @@ from nats.js.errors import APIError
 from opentelemetry.trace import SpanKind
 
 from heron.gateway.admission import PoolLoad
+from heron.gateway.coalescing import Coalescer, Group, Member
 from heron.gateway.metrics import GatewayMetrics
-from heron.gateway.reassembly import Added, Reassembly
+from heron.gateway.reassembly import Added, Reassembly, slice_error
 from heron.gateway.settings import GatewaySettings
-from heron.gateway.slicing import Slice, encode_slices, plan_slices
+from heron.gateway.slicing import (
+    HEADER_BYTES,
+    MESSAGE_OVERHEAD_BYTES,
+    Slice,
+    encode_slices,
+    estimate_tokens,
+    item_bytes,
+    plan_slices,
+)
 from heron.runtime import telemetry
 from heron.runtime.nats_link import NatsLink
 from heron.runtime.nats_names import reply_subject, work_subject
 from heron.runtime.protocol import ProtocolError, WorkItemHeaders, WorkResult
 from heron_sdk import wire
-from heron_sdk.errors import ErrorCode, HeronError
+from heron_sdk.errors import STATUS_BY_CODE, ErrorCode, HeronError
 from heron_sdk.ids import new_request_id
 from heron_sdk.types import Item
 
 log = logging.getLogger("heron.gateway.dispatch")
+_ITEM_FIELD = re.compile(r"^items\[(\d+)\]")
 
 # Between tries of a publish that failed: a JetStream stream leader election on loopback
 # takes about 5 s (docs/benchmarks.md), so the tries go on for seconds, sparsely.
 PUBLISH_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
 NATS_WAIT_POLL_S = 0.05  # how often a request waiting for NATS to come back looks
+# Tasks whose small requests are coalesced: their answers are per item, so a shared work
+# item's answer splits back by item range (score ranks against one query: not coalesced).
+COALESCED_TASKS = frozenset({"encode", "extract"})
+# A request with less time left than this many coalescing windows is sent alone.
+COALESCE_MIN_DEADLINE_WINDOWS = 50
+# Options that differ between requests of one group: the items, and the timeout (the work
+# item carries the latest member's deadline; each member times out on its own).
+_PER_MEMBER_FIELDS = frozenset({"items", "timeout_s"})
+# Bytes of items in a shared work item: NATS max_payload (1 MiB by default) less room for
+# the headers and the request's other fields (heron.gateway.slicing).
+GROUP_BYTES_DEFAULT = 1024 * 1024 - MESSAGE_OVERHEAD_BYTES
 
 
 @dataclass(slots=True)
@@ -80,6 +103,18 @@ class WorkRequest:
     partial: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class GroupKey:
+    """What requests must share to be coalesced into one work item."""
+
+    pool: str
+    model_id: str
+    task: str
+    priority: int
+    deadline_class: int  # log2 of the seconds left: similar deadlines only
+    options: tuple[tuple[str, str], ...]  # every wire field but items and timeout_s
+
+
 @dataclass(slots=True)
 class _Pending:
     reassembly: Reassembly
@@ -93,6 +128,15 @@ class _Pending:
     # The last slice's (result arrival - published_at - the worker's own time); None while
     # no result has told its worker's time.
     unaccounted_s: float | None = None
+    group: str | None = None  # the inbox key of the shared work item it went in
+
+
+@dataclass(slots=True)
+class _SentGroup:
+    """A published shared work item: its members (by inbox key) and their item ranges."""
+
+    group: Group
+    live: int  # members still waiting for it
 
 
 class Dispatcher:
@@ -105,6 +149,13 @@ class Dispatcher:
         self._pending: dict[str, _Pending] = {}
         # pool -> its backlog (items and work items published, not answered) and drain rate
         self._loads: dict[str, PoolLoad] = {}
+        self.coalescer = Coalescer(
+            max_wait_s=settings.coalesce_max_wait_s, max_items=settings.coalesce_max_items,
+            max_tokens=settings.max_tokens_per_work_item,
+            max_bytes=GROUP_BYTES_DEFAULT)  # set from NATS max_payload once connected
+        self._groups: dict[str, _SentGroup] = {}  # inbox key of a shared work item -> it
+        self._flying: dict[str, int] = {}  # pool -> its shared work items in self._groups
+        self._sending: set[asyncio.Task[None]] = set()  # held: the loop keeps weak refs
 
     def load(self, pool: str) -> PoolLoad:
         load = self._loads.get(pool)
@@ -129,32 +180,38 @@ class Dispatcher:
         slices = plan_slices(work.items, max_items=self.settings.max_items_per_work_item,
                              max_tokens=self.settings.max_tokens_per_work_item,
                              max_payload=max_payload, shared_text=work.shared_text)
-        encoded = encode_slices(work.wire_body, slices, max_payload)
         remaining = self._remaining(work)
-        self._admit(work, len(encoded), remaining)
+        coalesce = len(slices) == 1 and self._coalescable(work, remaining)
+        # A shared work item is encoded when its group leaves (its bytes were estimated).
+        encoded = [] if coalesce else encode_slices(work.wire_body, slices, max_payload)
+        pieces = slices if coalesce else [s for s, _ in encoded]
+        self._admit(work, len(pieces), remaining)
 
         inbox_key = new_request_id()
         reply = reply_subject(self.gateway_id, inbox_key)
         deadline = time.time() + remaining  # wall clock: workers compare it with theirs
-        pending = _Pending(Reassembly(work.request_id, [s for s, _ in encoded],
-                                      partial=work.partial), work.pool,
-                           asyncio.get_running_loop().create_future(), len(work.items),
-                           len(encoded))
+        pending = _Pending(Reassembly(work.request_id, pieces, partial=work.partial),
+                           work.pool, asyncio.get_running_loop().create_future(),
+                           len(work.items), len(pieces))
         self._pending[inbox_key] = pending
-        self._add_outstanding(work.pool, len(work.items), len(encoded))
+        busy = self.load(work.pool).slices > 0  # other requests of this gateway outstanding
+        self._add_outstanding(work.pool, len(work.items), len(pieces))
         timings = pending.reassembly.gateway_timings
         try:
-            pending.published_at = time.monotonic()
-            with telemetry.span(telemetry.GATEWAY, "publish", kind=SpanKind.PRODUCER,
-                                attributes={"messaging.system": "nats",
-                                            "messaging.destination.name":
-                                                work_subject(work.pool, work.model_id),
-                                            "heron.work_items": len(encoded)}):
-                await self._publish(work, reply, deadline, encoded)
-            timings["publish"] = time.monotonic() - pending.published_at
+            if coalesce:
+                self._join(work, inbox_key, deadline, remaining, busy)
+            else:
+                pending.published_at = time.monotonic()
+                with telemetry.span(telemetry.GATEWAY, "publish", kind=SpanKind.PRODUCER,
+                                    attributes={"messaging.system": "nats",
+                                                "messaging.destination.name":
+                                                    work_subject(work.pool, work.model_id),
+                                                "heron.work_items": len(encoded)}):
+                    await self._publish(work, reply, deadline, encoded)
+                timings["publish"] = time.monotonic() - pending.published_at
             try:
                 with telemetry.span(telemetry.GATEWAY, "wait",
-                                    attributes={"heron.work_items": len(encoded)}):
+                                    attributes={"heron.work_items": len(pieces)}):
                     await asyncio.wait_for(pending.done, max(0.0, self._remaining(work)))
             except TimeoutError:
                 raise self._deadline_error(work) from None
@@ -162,8 +219,11 @@ class Dispatcher:
             self._forget(inbox_key)
         if pending.reassembly.error is not None:
             raise pending.reassembly.error
+        # A shared work item's result may beat its publish ack back (busy host): publish
+        # is then the time until the result.
         timings["publish"], timings["queue_wait"] = split_unaccounted(
-            timings["publish"], pending.unaccounted_s)
+            timings.get("publish", time.monotonic() - pending.published_at),
+            pending.unaccounted_s)
         return pending.reassembly
 
     @staticmethod
@@ -208,6 +268,150 @@ class Dispatcher:
                              "; retry after the Retry-After",
                              retry_after_s=refusal.retry_after_s)
 
+    # ---- coalescing (gateway/coalescing.py decides; these do the I/O) --------------------
+    def _coalescable(self, work: WorkRequest, remaining: float) -> bool:
+        settings = self.settings
+        return (work.task in COALESCED_TASKS and settings.coalesce_max_items > 1
+                and 2 * len(work.items) <= settings.coalesce_max_items
+                and remaining > COALESCE_MIN_DEADLINE_WINDOWS * settings.coalesce_max_wait_s)
+
+    def _join(self, work: WorkRequest, inbox_key: str, deadline: float, remaining: float,
+              busy: bool) -> None:
+        """Put the request in its key's open group; publish what is ready, and schedule
+        the group it opened (if any) to leave after its wait."""
+        body = work.wire_body
+        options = tuple((k, repr(v)) for k, v in body.items() if k not in _PER_MEMBER_FIELDS)
+        key = GroupKey(work.pool, work.model_id, work.task, work.priority,
+                       int(math.log2(max(remaining, 1e-3))), options)
+        member = Member(inbox_key, work.request_id, body["items"],
+                        sum(estimate_tokens(i.text) for i in work.items),
+                        sum(item_bytes(i) for i in work.items), deadline, time.monotonic())
+        shared = {k: v for k, v in body.items() if k not in _PER_MEMBER_FIELDS}
+        self.coalescer.max_bytes = self.link.max_payload - MESSAGE_OVERHEAD_BYTES
+        joined = self.coalescer.join(key, work.pool, shared, member, busy=busy)
+        for group in joined.ready:
+            self._send(group)
+        opened = joined.opened
+        if opened is not None:
+            loop = asyncio.get_running_loop()
+            if opened.wait_s <= 0:
+                loop.call_soon(self._close, opened)
+            else:
+                loop.call_later(opened.wait_s, self._close, opened)
+
+    def _close(self, group: Group) -> None:
+        if self.coalescer.close(group):
+            self._send(group)
+
+    def _send(self, group: Group) -> None:
+        task = asyncio.get_running_loop().create_task(self._send_group(group))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send_group(self, group: Group) -> None:
+        """Publish one shared work item for the group's members still waiting (one that
+        timed out or whose client left is not computed)."""
+        left_at = time.monotonic()
+        live = [(m, p) for m in group.members
+                if (p := self._pending.get(m.inbox_key)) is not None]
+        if not live:
+            return
+        if len(live) < len(group.members):
+            group = _regrouped(group, [m for m, _ in live])
+        key: GroupKey = group.key  # type: ignore[assignment]
+        payload = wire.encode({**group.body, "items": group.wire_items()}, wire.MSGPACK)
+        if len(payload) > self.link.max_payload - HEADER_BYTES and len(group.members) > 1:
+            half = len(group.members) // 2  # the byte estimate was short: two work items
+            for part in (group.members[:half], group.members[half:]):
+                self._send(_regrouped(group, part))
+            return
+        group_key = new_request_id()
+        self._groups[group_key] = _SentGroup(group, len(live))
+        self._flying[group.pool] = self._flying.get(group.pool, 0) + 1
+        for member, pending in live:
+            pending.group = group_key
+            pending.published_at = left_at
+            pending.reassembly.gateway_timings["coalesce"] = left_at - member.joined_at
+        subject = work_subject(key.pool, key.model_id)
+        headers = WorkItemHeaders(group.members[0].request_id, key.task, key.model_id,
+                                  reply_subject(self.gateway_id, group_key), 0, group.items,
+                                  group.deadline, key.priority).to_wire()
+        try:
+            with telemetry.span(telemetry.GATEWAY, "publish", kind=SpanKind.PRODUCER,
+                                attributes={"messaging.system": "nats",
+                                            "messaging.destination.name": subject,
+                                            "heron.work_items": 1,
+                                            "heron.coalesced_requests": len(live)}):
+                telemetry.inject(headers)
+                give_up_at = time.monotonic() + min(group.deadline - time.time(),
+                                                    self.settings.publish_retry_max_s)
+                await self._publish_one(key.pool, subject, payload, headers, give_up_at)
+        except Exception as exc:
+            self._landed(self._groups.pop(group_key, None))
+            error = self._publish_error(key.pool, exc)
+            for _, pending in live:
+                _fail(pending, error)
+            return
+        metrics = self.metrics
+        metrics.of(metrics.work_items, key.pool).inc()
+        metrics.of(metrics.coalesced, key.pool).observe(len(live))
+        published = time.monotonic() - left_at
+        for _, pending in live:
+            pending.reassembly.gateway_timings.setdefault("publish", published)
+
+    def _landed(self, sent: _SentGroup | None) -> None:
+        """A shared work item is no longer in flight: the pool's open groups may leave."""
+        if sent is None:
+            return
+        pool = sent.group.pool
+        self._flying[pool] = flying = max(0, self._flying.get(pool, 0) - 1)
+        if not flying:  # the pool's workers have nothing of ours: waiting gains nothing
+            for group in self.coalescer.release(pool):
+                self._send(group)
+
+    def _split_group_result(self, sent: _SentGroup, result: WorkResult,
+                            arrived: float) -> None:
+        """A shared work item's result, as each member's own. An input error that names
+        an item fails only that item's request; the others are sent again without it."""
+        group = sent.group
+        error = result.error
+        if error is not None:
+            owner = _owner(group, error)
+            if owner is not None:
+                member, start = owner
+                pending = self._pending.get(member.inbox_key)
+                if pending is not None:
+                    rebased = slice_error(error, -start).to_body()["error"]
+                    self._apply(pending, WorkResult(member.request_id, 0, len(member.items),
+                                                    None, rebased, result.timings), arrived)
+                others = [m for m in group.members if m is not member
+                          and m.inbox_key in self._pending]
+                if others:
+                    self.metrics.coalesced_resent.labels(group.pool).inc(len(others))
+                    self._send(_regrouped(group, others))
+                return
+        rows = result.body.get("items") if result.body is not None else None
+        for member, start in group.offsets():
+            pending = self._pending.get(member.inbox_key)
+            if pending is None:
+                continue
+            count = len(member.items)
+            if error is not None:
+                part = WorkResult(member.request_id, 0, count, None, error, result.timings)
+            elif not isinstance(rows, list) or len(rows) != group.items:
+                part = WorkResult(member.request_id, 0, count, None, {
+                    "code": ErrorCode.INTERNAL.value,
+                    "message": f"a worker answered a shared work item of {group.items} items"
+                               f" with {len(rows) if isinstance(rows, list) else 'no'} items"},
+                    result.timings)
+            else:
+                own = rows[start:start + count]
+                body = {"model": result.body.get("model"), "items": own,  # type: ignore[union-attr]
+                        "usage": {"tokens": sum(int(r.get("tokens", 0)) for r in own
+                                                if isinstance(r, dict))}}
+                part = WorkResult(member.request_id, 0, count, body, None, result.timings)
+            self._apply(pending, part, arrived)
+
     async def _publish(self, work: WorkRequest, reply: str, deadline: float,
                        encoded: list[tuple[Slice, bytes]]) -> None:
         subject = work_subject(work.pool, work.model_id)
@@ -226,7 +430,7 @@ class Dispatcher:
             outcomes: list[Any] = [await _settle(publishes[0])]
         else:
             outcomes = await asyncio.gather(*publishes, return_exceptions=True)
-        self.metrics.work_items.labels(work.pool).inc(
+        self.metrics.of(self.metrics.work_items, work.pool).inc(
             sum(not isinstance(o, BaseException) for o in outcomes))
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if failures:
@@ -293,10 +497,20 @@ class Dispatcher:
             log.warning("dropping a malformed result on %s: %s", msg.subject, exc)
             self.metrics.ignored_results.labels("malformed").inc()
             return
-        pending = self._pending.get(msg.subject.rpartition(".")[2])  # the inbox key
-        if pending is None:
-            self.metrics.ignored_results.labels("unknown").inc()
+        key = msg.subject.rpartition(".")[2]  # the inbox key
+        pending = self._pending.get(key)
+        if pending is not None:
+            self._apply(pending, result, arrived)
             return
+        sent = self._groups.pop(key, None)
+        if sent is not None:
+            self._landed(sent)
+            self._split_group_result(sent, result, arrived)
+            return
+        self.metrics.ignored_results.labels("unknown").inc()
+
+    def _apply(self, pending: _Pending, result: WorkResult, arrived: float) -> None:
+        """One result for one request's slice: reassemble it, count it, finish the wait."""
         outcome = pending.reassembly.add(result)
         if outcome in (Added.ACCEPTED, Added.COMPLETE):
             pending.answered += result.count
@@ -308,7 +522,6 @@ class Dispatcher:
                               batch_s if isinstance(batch_s, int | float) else None)
             else:
                 load.abandoned(result.count, 1, arrived)
-            self._show_outstanding(pending.pool)
             worker_s = result.timings.get("total") if result.timings else None
             if isinstance(worker_s, int | float):  # the last slice's: see Reassembly.timings
                 pending.unaccounted_s = max(0.0, arrived - pending.published_at - worker_s)
@@ -320,18 +533,24 @@ class Dispatcher:
     def _forget(self, inbox_key: str) -> None:
         pending = self._pending.pop(inbox_key, None)
         if pending is not None:
+            sent = self._groups.get(pending.group) if pending.group else None
+            if sent is not None:
+                sent.live -= 1
+                if sent.live <= 0:  # nobody waits for that work item's result any more
+                    self._landed(self._groups.pop(pending.group))  # type: ignore[arg-type]
             # Slices still unanswered stop counting: workers drop them past the deadline.
             self.load(pending.pool).abandoned(pending.items - pending.answered,
                                               pending.slices - pending.answered_slices,
                                               time.monotonic())
-            self._show_outstanding(pending.pool)
 
     def _add_outstanding(self, pool: str, items: int, slices: int) -> None:
         self.load(pool).published(items, slices, time.monotonic())
-        self._show_outstanding(pool)
 
-    def _show_outstanding(self, pool: str) -> None:
-        self.metrics.outstanding.labels(pool).set(self.outstanding(pool))
+    def show_outstanding(self) -> None:
+        """The outstanding-items gauge of every pool, set when /metrics is read (not on
+        every request)."""
+        for pool, load in self._loads.items():
+            self.metrics.outstanding.labels(pool).set(load.items)
 
     def pending_requests(self) -> int:
         return len(self._pending)
@@ -360,3 +579,36 @@ async def _settle(coro: Any) -> Any:
         return await coro
     except Exception as exc:  # every failure becomes a 503/429 in _publish_error
         return exc
+
+
+def _fail(pending: _Pending, error: HeronError) -> None:
+    if pending.reassembly.error is None:
+        pending.reassembly.error = error
+    if not pending.done.done():
+        pending.done.set_result(None)
+
+
+def _regrouped(group: Group, members: list[Member]) -> Group:
+    """The same group with only ``members`` (some left, or one failed)."""
+    out = Group(group.key, group.pool, group.body, group.opened_at, group.wait_s, left=True)
+    for member in members:
+        out.add(member)
+    return out
+
+
+def _owner(group: Group, error: dict[str, Any]) -> tuple[Member, int] | None:
+    """(member, its first item's index) whose item an input error (4xx with a field
+    ``items[i]``) names; None for an error of the whole work item."""
+    field = error.get("field")
+    match = _ITEM_FIELD.match(field) if isinstance(field, str) else None
+    try:
+        status = STATUS_BY_CODE.get(ErrorCode(error.get("code")), 500)
+    except ValueError:
+        return None
+    if match is None or status >= 500:
+        return None
+    index = int(match.group(1))
+    for member, start in group.offsets():
+        if start <= index < start + len(member.items):
+            return member, start
+    return None

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                     30)
-# A request's phases in the order they happen: the gateway's own two (publish, queue_wait)
-# then the worker's, as the slice that answered last reported them (the work result's
-# "timings").
-PHASES = ("publish", "queue_wait", "tokenize", "batch_wait", "inference", "postprocess")
+# A request's phases in the order they happen: the gateway's own (coalesce, for a request
+# that shared its work item with others; publish, queue_wait) then the worker's, as the
+# slice that answered last reported them (the work result's "timings").
+PHASES = ("coalesce", "publish", "queue_wait", "tokenize", "batch_wait", "inference",
+          "postprocess")
+# Requests per shared work item (gateway/coalescing.py)
+_GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # Workers older than the phase timings reported the batcher wait as "queue": read it
 # during a rolling upgrade.
 _LEGACY_PHASES = {"queue": "batch_wait"}
@@ -22,15 +26,24 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.requests = Counter("heron_gateway_requests_total",
                                 "Requests by route, model and status",
                                 ["route", "model", "status"], registry=r)
         self.latency = Histogram("heron_gateway_request_duration_seconds", "Request latency",
                                  ["route", "model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.phase = Histogram("heron_gateway_phase_duration_seconds",
-                               "Time per phase of a successful request (publish, queue_wait, "
-                               "tokenize, batch_wait, inference, postprocess)",
+                               "Time per phase of a successful request (coalesce, publish, "
+                               "queue_wait, tokenize, batch_wait, inference, postprocess)",
                                ["phase", "model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.coalesced = Histogram("heron_gateway_coalesced_requests",
+                                   "Requests that shared one work item (small encode and "
+                                   "extract requests of one model and options)", ["pool"],
+                                   buckets=_GROUP_BUCKETS, registry=r)
+        self.coalesced_resent = Counter("heron_gateway_coalesced_resent_total",
+                                        "Requests sent again in a new work item because a "
+                                        "request they shared one with failed on its input",
+                                        ["pool"], registry=r)
         self.work_items = Counter("heron_gateway_work_items_published_total",
                                   "Work items published to JetStream", ["pool"], registry=r)
         self.outstanding = Gauge("heron_gateway_outstanding_items",
@@ -59,6 +72,15 @@ class GatewayMetrics:
         self.config_epoch = Gauge("heron_gateway_config_epoch",
                                   "Config epoch this gateway has applied (with --config)",
                                   registry=r)
+
+    def of(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: the lookup costs a few microseconds, and the
+        request path makes ten a request (label sets are few: routes, models, pools)."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def forget_pool(self, pool: str) -> None:
         """Drop a pool's per-pool series (a lease ended): a gone pool shows no demand."""

@@ -206,7 +206,7 @@ class GatewayApp:
         each also goes to heron_gateway_phase_duration_seconds."""
         phases = gateway_phases(done.timings)
         for phase, seconds in phases.items():
-            self.metrics.phase.labels(phase, route.model_id).observe(seconds)
+            self.metrics.of(self.metrics.phase, phase, route.model_id).observe(seconds)
         return Answer(body, route.model_id, phases)
 
     def _route(self, call: InferenceCall, model: str, task: str) -> ModelRoute:
@@ -337,10 +337,12 @@ class GatewayApp:
         return self.registry.canonical_id(name)
 
     def observe_request(self, route: str, model: str, status: int, seconds: float) -> None:
-        self.metrics.requests.labels(route, model, str(status)).inc()
-        self.metrics.latency.labels(route, model).observe(seconds)
+        metrics = self.metrics
+        metrics.of(metrics.requests, route, model, str(status)).inc()
+        metrics.of(metrics.latency, route, model).observe(seconds)
 
     def metrics_text(self) -> bytes:
+        self.dispatcher.show_outstanding()
         for pool in {*self.pools.all_pools(), *self.demand.pools()}:
             self.metrics.pending_demand.labels(pool).set(self.demand.pending(pool))
             self.metrics.healthy_workers.labels(pool).set(len(self.health.healthy(pool)))

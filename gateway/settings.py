@@ -45,6 +45,15 @@ class GatewaySettings(WorkStreamSettings):
     max_items_per_work_item: int = setting(
         MAX_ITEMS_PER_WORK_ITEM, "Most items in one work item: a request is split into work "
                                  "items the pool's workers share", minimum=1)
+    coalesce_max_items: int = setting(
+        MAX_ITEMS_PER_WORK_ITEM, "Most items in a work item shared by concurrent small "
+                                 "requests (encode, extract) of one model and options; a "
+                                 "request of up to half this many may share (0 or 1: no "
+                                 "coalescing)", minimum=0)
+    coalesce_max_wait_s: float = setting(
+        0.002, "Longest a small request waits for others to share its work item, while its "
+               "pool is busy (none when the pool is idle); the wait adapts below it",
+        minimum=0)
     max_tokens_per_work_item: int = setting(
         MAX_TOKENS_PER_WORK_ITEM, "Most tokens in one work item, estimated as characters / "
                                   "4 (a longer single text goes alone)", minimum=1)

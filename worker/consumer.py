@@ -7,7 +7,8 @@ WorkResult out, in heron/runtime/protocol.py):
   lost in transit, e.g. while NATS restarts, means a nak and the item is computed again;
 - a gateway gone (no responders on its inbox, asked for a few seconds): the item is
   terminated (never redelivered), and so are the gateway's other items as they are fetched,
-  without computing them (heron.worker.gateway_inboxes);
+  without computing them (heron.worker.gateway_inboxes); a redelivered item's inbox is asked
+  first (one empty request), so an item whose gateway died is not computed twice;
 - model not loaded yet, or its queue full: start the load and ``nak(delay)``;
 - ``in_progress()`` every half ack-wait while an item computes and its result is delivered,
   so a live worker's items are never redelivered and a dead worker's come back within one
@@ -345,6 +346,8 @@ class WorkConsumer:
             if self.inboxes.is_suspect(item.reply):  # a wait that holds no fetching back
                 hold.suspend()
             gone = await self.inboxes.gone(item.reply)
+            if not gone and msg.metadata is not None and (msg.metadata.num_delivered or 1) > 1:
+                gone = not await self.inboxes.listening(item.reply)
             hold.resume()
             if gone:  # computed for nobody, so not computed
                 hold.release()

@@ -193,6 +193,21 @@ class GatewayInboxes:
         self._settle(prefix, gone=False)
         return False
 
+    async def listening(self, reply: str) -> bool:
+        """Ask the item's inbox with an empty message (a gateway answers every message on
+        its inbox): False when nobody listens there any more (remembered as gone). A
+        redelivered item is asked about first: its first try's result may have gone to a
+        gateway that died meanwhile (a request that timed out), and computing it again
+        would be for nobody."""
+        try:
+            await self.nc.request(reply, b"", timeout=RESULT_ACK_TIMEOUT_S)
+        except NoRespondersError:
+            self._settle(inbox_of(reply), gone=True)
+            return False
+        except Exception:  # no verdict (NATS away, a timeout): compute it
+            return True
+        return True
+
     def _suspect(self, prefix: str) -> None:
         if prefix not in self._suspects:
             self._suspects[prefix] = asyncio.get_running_loop().create_future()

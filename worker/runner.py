@@ -26,8 +26,8 @@ from heron_sdk.errors import ErrorCode, HeronError
 log = logging.getLogger("heron.worker.runner")
 
 # Small requests tokenize on the event loop (tens of microseconds); bigger ones on the pool.
-INLINE_TOKENIZE_ITEMS = 8
-INLINE_TOKENIZE_CHARS = 4096
+INLINE_TOKENIZE_ITEMS = 64
+INLINE_TOKENIZE_CHARS = 16384
 
 
 @dataclass(slots=True)

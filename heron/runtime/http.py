@@ -40,17 +40,31 @@ class ClientDisconnected(Exception):
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work`` (after the body was read), cancelling it if the client disconnects
-    first: a caller that has gone costs no compute (queued items are skipped)."""
-    task = asyncio.ensure_future(work)
+    first: a caller that has gone costs no compute (queued items are skipped). The work
+    runs in the calling task; only the watcher is a task of its own (one task a request,
+    not two: on a busy gateway the second task and the wait on both cost ~3% of its CPU)."""
+    current = asyncio.current_task()
+    assert current is not None
+    gone = False
+
+    def on_disconnect(watcher: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if not watcher.cancelled() and watcher.exception() is None:
+            gone = True
+            current.cancel()
+
     watcher = asyncio.ensure_future(_disconnected(request))
+    watcher.add_done_callback(on_disconnect)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        current.uncancel()
+        raise ClientDisconnected(request.url.path) from None
     finally:
+        watcher.remove_done_callback(on_disconnect)
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    raise ClientDisconnected(request.url.path)
 
 
 async def _disconnected(request: Request) -> None:
@@ -128,6 +142,15 @@ EXCEPTION_HANDLERS = {
     HTTPException: http_error_handler,
     Exception: unexpected_error_handler,
 }
+
+
+def error_handler(exc: Exception) -> Any:
+    """The handler EXCEPTION_HANDLERS gives ``exc`` (as Starlette would pick it)."""
+    if isinstance(exc, HeronError):
+        return heron_error_handler
+    if isinstance(exc, HTTPException):
+        return http_error_handler
+    return unexpected_error_handler
 
 
 def require_bearer(authorization: str | None, tokens: set[str], what: str) -> None:

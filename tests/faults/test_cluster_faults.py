@@ -74,8 +74,10 @@ def test_worker_sigterm_drains_under_load(healthy_rig: Rig) -> None:
 
 
 def test_worker_kill_9_under_load(healthy_rig: Rig) -> None:
-    """kill -9 the busier of two workers: its unacknowledged items come back to the other
-    after ack_wait (5 s); every request is answered 200, right."""
+    """kill -9 the busier of two workers under coalesced load (one-text requests sharing
+    work items): its unacknowledged items come back to the other after ack_wait (5 s);
+    every request is answered 200, right, once (a closed loop sends the next request only
+    after its answer)."""
     rig = healthy_rig
     rig.add_worker()
     killed: list[WorkerProcess] = []
@@ -84,13 +86,20 @@ def test_worker_kill_9_under_load(healthy_rig: Rig) -> None:
         killed.append(busiest(rig))
         killed[0].proc.send_signal(signal.SIGKILL)
 
+    groups_before = rig.gateway.metric("heron_gateway_coalesced_requests_count")
+    shared_before = rig.gateway.metric("heron_gateway_coalesced_requests_sum")
     answers, struck = run_with_fault(
         closed_loop(rig.gateway.url, rig.texts, clients=48, duration_s=8.0, timeout_s=30),
         at(2.0, kill))
+    groups = rig.gateway.metric("heron_gateway_coalesced_requests_count") - groups_before
+    shared = rig.gateway.metric("heron_gateway_coalesced_requests_sum") - shared_before
     figures = {**summary(answers, rig.ref), "kill_at_s": round(struck, 2),
                "ok_per_s_before": ok_rate(answers, 0.5, struck),
-               "ok_per_s_after": ok_rate(answers, struck, 8.0)}
+               "ok_per_s_after": ok_rate(answers, struck, 8.0),
+               "requests_per_work_item": round(shared / max(groups, 1), 1)}
     show("worker_kill_9", figures)
+    # the load was coalesced: the killed worker held shared work items, redelivered whole
+    assert shared > groups > 0, figures
     assert killed[0].proc.wait(10) == -signal.SIGKILL
     assert not lost(answers), (figures, rig.logs())
     assert not non_200(answers), figures

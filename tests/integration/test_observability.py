@@ -31,13 +31,14 @@ def _phases(response: httpx.Response) -> dict[str, float]:
 
 def test_gateway_timing_headers_cover_every_phase(cluster_url: str) -> None:
     """Through gateway -> JetStream -> worker: the gateway's phases, then the worker's (as
-    the result message reported them), then the gateway's total, in order."""
+    the result message reported them), then the gateway's total, in order. A small request
+    goes in a shared work item (coalesce: its wait for company); a split one does not."""
     r = httpx.post(cluster_url + "/v1/encode/minilm", json={"items": ["time me", "twice"]},
                    headers={"x-request-id": "gw-timing-1"}, timeout=60)
     assert r.status_code == 200 and r.headers["x-request-id"] == "gw-timing-1"
     phases = _phases(r)
-    assert list(phases) == ["publish", "queue_wait", "tokenize", "batch_wait", "inference",
-                            "postprocess", "total"]
+    assert list(phases) == ["coalesce", "publish", "queue_wait", "tokenize", "batch_wait",
+                            "inference", "postprocess", "total"]
     assert min(phases.values()) >= 0 and phases["inference"] > 0
     # the phases follow one another inside the gateway's total (each rounded to 0.01 ms)
     assert phases["total"] >= sum(v for k, v in phases.items() if k != "total") - 0.1
@@ -47,6 +48,7 @@ def test_gateway_timing_headers_cover_every_phase(cluster_url: str) -> None:
                       json={"items": [f"item {i}" for i in range(150)]}, timeout=60)
     assert many.status_code == 200 and len(many.json()["items"]) == 150
     split = _phases(many)
+    assert "coalesce" not in split
     assert split["total"] >= sum(v for k, v in split.items() if k != "total") - 0.1
     metrics = httpx.get(cluster_url + "/metrics").text
     for phase in list(phases)[:-1]:

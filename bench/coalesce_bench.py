@@ -1,0 +1,183 @@
+"""The cluster path's cost per request: `heron up` against `heron serve` on the same cores,
+one text per request (where coalescing at the gateway matters).
+
+    python -m bench.coalesce_bench [--quick] [--part null|messages|minilm|all] [--rounds N]
+                                   [--out DIR]
+
+1. ``null`` (bundle null: real tokenization, no model compute): requests/s at 32 clients
+   and p50 at one client, `heron serve` and then `heron up` (one gateway, as many workers
+   as ``heron serve --workers auto`` runs processes, the cores split between them as
+   `heron serve` splits them), each alone on the machine.
+2. ``messages``: NATS messages a request costs (nats-server's /varz in + out), with
+   coalescing and with ``--coalesce-max-items 0``, at 1 and 32 clients (null model).
+3. ``minilm`` (the default bundle, mixed 8-128-token texts): both servers up at once (the
+   idle one costs a heartbeat a second) and their steps interleaved, serve then cluster
+   at 32 and then at 64 clients, ``--rounds`` times; the JSON holds every step and the
+   median ratio of each pair (steps seconds apart, so the machine's drift cancels out).
+
+wrk drives both (one thread). Prints one JSON document and writes DIR/coalesce_bench.json
+(DIR: bench/results/); ``python -m bench.plot`` is not needed: the numbers go in a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench.cluster_bench import local_cluster
+from bench.load import run_wrk, write_bodies
+from bench.server import REPO, free_port, start_server
+from bench.texts import build_workload
+from heron.cli.main import serve_processes, threads_per_process
+from tests.support.nats_server import NatsServer
+
+
+def log(message: str) -> None:
+    print(f"[coalesce_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr,
+          flush=True)
+
+
+def step(url: str, bodies: Path, connections: int, duration_s: float) -> dict[str, Any]:
+    return run_wrk(url, bodies, connections=connections, duration_s=duration_s).summary()
+
+
+def brief(summary: dict[str, Any]) -> str:
+    lat = summary["latency_ms"]
+    return (f"{summary['throughput_rps']}/s p50 {lat['p50']} p99 {lat['p99']} ms"
+            + (f" non-2xx {summary['non_2xx']}" if summary["non_2xx"] else ""))
+
+
+def null_part(work: Path, bodies: Path, workers: int, duration: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with start_server(work / "serve-null.log", bundle="null") as server:
+        url = f"{server.url}/v1/encode/null-model"
+        step(url, bodies, 8, 2.0)
+        out["serve"] = {"c1": step(url, bodies, 1, duration),
+                        "c32": step(url, bodies, 32, duration)}
+    log(f"null, heron serve: c1 {brief(out['serve']['c1'])}; c32 {brief(out['serve']['c32'])}")
+    with local_cluster("null", work / "up-null", workers,
+                       threads_per_process(workers)) as (gateway, _):
+        url = f"{gateway}/v1/encode/null-model"
+        step(url, bodies, 8, 2.0)
+        out["up"] = {"c1": step(url, bodies, 1, duration),
+                     "c32": step(url, bodies, 32, duration)}
+    log(f"null, heron up: c1 {brief(out['up']['c1'])}; c32 {brief(out['up']['c32'])}")
+    out["up_to_serve_c32"] = round(out["up"]["c32"]["throughput_rps"]
+                                   / out["serve"]["c32"]["throughput_rps"], 3)
+    return out
+
+
+def _nats_messages(monitor: str) -> int:
+    varz = json.loads(urllib.request.urlopen(f"{monitor}/varz", timeout=5).read())
+    return int(varz["in_msgs"]) + int(varz["out_msgs"])
+
+
+def messages_part(work: Path, bodies: Path, workers: int, duration: float) -> dict[str, Any]:
+    """NATS messages a request costs (the server's in + out counts: a message published and
+    delivered counts twice), with coalescing and without it, at 1 and 32 clients."""
+    out: dict[str, Any] = {}
+    for label, env in (("coalescing", {}), ("off", {"HERON_GATEWAY_COALESCE_MAX_ITEMS": "0"})):
+        nats = NatsServer(work / f"nats-{label}", monitor_port=free_port()).start()
+        monitor = f"http://127.0.0.1:{nats.monitor_port}"
+        try:
+            with local_cluster("null", work / f"msgs-{label}", workers,
+                               threads_per_process(workers), extra_args=("--nats", nats.url),
+                               extra_env=env) as (gateway, _):
+                url = f"{gateway}/v1/encode/null-model"
+                step(url, bodies, 8, 2.0)
+                row: dict[str, Any] = {}
+                for c in (1, 32):
+                    before = _nats_messages(monitor)
+                    summary = step(url, bodies, c, duration)
+                    row[f"c{c}"] = {"requests_per_s": summary["throughput_rps"],
+                                    "messages_per_request": round(
+                                        (_nats_messages(monitor) - before)
+                                        / max(1, summary["requests"]), 2)}
+                out[label] = row
+        finally:
+            nats.stop()
+        log(f"NATS messages a request, {label}: {out[label]}")
+    return out
+
+
+def minilm_part(work: Path, bodies: Path, workers: int, duration: float,
+                rounds: int) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = []
+    with start_server(work / "serve-minilm.log") as server, \
+            local_cluster("default", work / "up-minilm", workers,
+                          threads_per_process(workers)) as (gateway, _):
+        urls = {"serve": f"{server.url}/v1/encode/minilm",
+                "up": f"{gateway}/v1/encode/minilm"}
+        for url in urls.values():
+            step(url, bodies, 16, 3.0)  # warm-up
+        for index in range(rounds):
+            for c in (32, 64):
+                row: dict[str, Any] = {"round": index, "connections": c}
+                for side, url in urls.items():
+                    row[side] = step(url, bodies, c, duration)
+                row["ratio"] = round(row["up"]["throughput_rps"]
+                                     / row["serve"]["throughput_rps"], 3)
+                row["p99_ratio"] = round(row["up"]["latency_ms"]["p99"]
+                                         / row["serve"]["latency_ms"]["p99"], 3)
+                log(f"minilm c={c}: serve {brief(row['serve'])}; up {brief(row['up'])}; "
+                    f"ratio {row['ratio']}")
+                steps.append(row)
+    summary = {}
+    for c in (32, 64):
+        rows = [r for r in steps if r["connections"] == c]
+        summary[f"c{c}"] = {
+            "median_ratio": statistics.median(r["ratio"] for r in rows),
+            "median_p99_ratio": statistics.median(r["p99_ratio"] for r in rows),
+            "serve_rps": statistics.median(r["serve"]["throughput_rps"] for r in rows),
+            "up_rps": statistics.median(r["up"]["throughput_rps"] for r in rows)}
+    return {"steps": steps, "summary": summary}
+
+
+def run(part: str, quick: bool, rounds: int, out: Path) -> dict[str, Any]:
+    duration = 4.0 if quick else 10.0
+    workers = serve_processes("auto", "cpu")
+    work = Path(tempfile.mkdtemp(prefix="heron-coalesce-bench-"))
+    texts = build_workload(256 if quick else 1024).texts
+    bodies = work / "single.txt"
+    write_bodies(texts, bodies)
+    result: dict[str, Any] = {"benchmark": "coalesce_bench", "cpu_count": os.cpu_count(),
+                              "workers": workers, "duration_s": duration,
+                              "workload": "one text per request, 8-128 tokens"}
+    if part in ("null", "all"):
+        log("null model: heron serve, then heron up")
+        result["null"] = null_part(work, bodies, workers, duration)
+    if part in ("messages", "all"):
+        log("NATS messages a request, with and without coalescing")
+        result["messages"] = messages_part(work, bodies, workers, duration)
+    if part in ("minilm", "all"):
+        log(f"MiniLM: heron serve and heron up interleaved, {rounds} round(s)")
+        result["minilm"] = minilm_part(work, bodies, workers, duration, rounds)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "coalesce_bench.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--part", choices=("null", "messages", "minilm", "all"),
+                        default="all")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    print(json.dumps(run(args.part, args.quick, args.rounds, args.out), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

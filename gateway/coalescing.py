@@ -1,0 +1,161 @@
+"""Which small requests share a work item, and when a shared work item leaves (sans-IO).
+
+Every work item costs the cluster the same handful of NATS messages and a worker's dispatch,
+whatever its size: one text a request, that was about 1.3 ms of CPU a request on 2 cores
+(docs/benchmarks.md). So concurrent small requests with the same *group key* (pool, model,
+task, priority, deadline class and every option but the items) are packed into one work
+item: their items concatenated in one request body, computed by the worker as one request,
+answered in one result that the Dispatcher splits back by each member's item range.
+
+When a group leaves:
+- a request that finds no other request of this gateway outstanding in its pool is not
+  held: its group leaves at the end of the current event-loop turn (requests parsed in the
+  same turn still join it);
+- otherwise the pool is busy and the group stays open for the key's window (at most
+  ``max_wait_s``), or until the pool has none of this gateway's shared work items in flight
+  any more (``release``: its workers would sit idle);
+- a group that is full (items, estimated tokens, bytes) leaves at once.
+
+The window adapts per key: a timed group that nobody joined halves it (down to
+``MIN_WAIT_S``); one that got company doubles it (up to ``max_wait_s``).
+The Dispatcher does the I/O: it schedules the timers, publishes and routes the results.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+MIN_WAIT_S = 0.0001  # a window never shrinks below 0.1 ms (one event-loop turn or two)
+
+
+@dataclass(slots=True)
+class Member:
+    """One request in a group: the inbox key its results go to, and its items."""
+
+    inbox_key: str
+    request_id: str
+    items: list[Any]  # the request's items in wire form
+    tokens: int  # estimated (heron.gateway.slicing.estimate_tokens)
+    size: int  # estimated bytes of its items in the work item
+    deadline: float  # unix seconds, as workers read it
+    joined_at: float  # the coalescer's clock
+
+
+@dataclass(slots=True)
+class Group:
+    """Requests that leave as one work item. ``body``: the wire body they share (the first
+    member's, without items)."""
+
+    key: Hashable
+    pool: str
+    body: dict[str, Any]
+    opened_at: float
+    wait_s: float  # how long it may stay open (0: until the end of this loop turn)
+    members: list[Member] = field(default_factory=list)
+    items: int = 0
+    tokens: int = 0
+    size: int = 0
+    left: bool = False  # published (or being published): nobody joins any more
+
+    def add(self, member: Member) -> None:
+        self.members.append(member)
+        self.items += len(member.items)
+        self.tokens += member.tokens
+        self.size += member.size
+
+    @property
+    def deadline(self) -> float:
+        """The work item's deadline: the latest member's (each member times out alone)."""
+        return max(m.deadline for m in self.members)
+
+    def wire_items(self) -> list[Any]:
+        return [item for m in self.members for item in m.items]
+
+    def offsets(self) -> list[tuple[Member, int]]:
+        """(member, index of its first item in the work item), in order."""
+        out, start = [], 0
+        for member in self.members:
+            out.append((member, start))
+            start += len(member.items)
+        return out
+
+
+@dataclass(slots=True)
+class Joined:
+    """What ``Coalescer.join`` asks the Dispatcher to do: publish ``ready`` now; schedule
+    ``opened`` to close after its ``wait_s`` (None: the member joined an open group)."""
+
+    ready: list[Group]
+    opened: Group | None
+
+
+class Coalescer:
+    def __init__(self, *, max_wait_s: float, max_items: int, max_tokens: int, max_bytes: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_wait_s = max_wait_s
+        self.max_items = max_items
+        self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._open: dict[Hashable, Group] = {}
+        self._window: dict[Hashable, float] = {}
+
+    def window(self, key: Hashable) -> float:
+        return self._window.get(key, self.max_wait_s)
+
+    def open_groups(self) -> int:
+        return len(self._open)
+
+    def join(self, key: Hashable, pool: str, body: dict[str, Any], member: Member, *,
+             busy: bool) -> Joined:
+        """Put ``member`` in the open group of ``key`` (opening one if there is none or it
+        cannot take the member). ``busy``: other requests of this gateway are outstanding in
+        the pool, so a new group waits for company (else only for this loop turn)."""
+        ready: list[Group] = []
+        group = self._open.get(key)
+        if group is not None and not self._fits(group, member):
+            ready.append(self._leave(group))
+            group = None
+        opened = None
+        if group is None:
+            now = self._clock()
+            group = opened = Group(key, pool, body, now, self.window(key) if busy else 0.0)
+            self._open[key] = group
+        group.add(member)
+        if group.items >= self.max_items or group.tokens >= self.max_tokens \
+                or group.size >= self.max_bytes:
+            ready.append(self._leave(group))
+            if opened is group:
+                opened = None
+        return Joined(ready, opened)
+
+    def release(self, pool: str) -> list[Group]:
+        """The pool has no shared work item of this gateway in flight any more: its open
+        groups leave now."""
+        return [self._leave(g) for g in list(self._open.values()) if g.pool == pool]
+
+    def close(self, group: Group) -> bool:
+        """The group's wait is over: True if it leaves now (False: it already left, full).
+        A timed group adapts its key's window."""
+        if group.left:
+            return False
+        self._leave(group)
+        if group.wait_s > 0:
+            window = self.window(group.key)
+            self._window[group.key] = (max(MIN_WAIT_S, window / 2) if len(group.members) == 1
+                                       else min(self.max_wait_s, window * 2))
+        return True
+
+    def _fits(self, group: Group, member: Member) -> bool:
+        return (group.items + len(member.items) <= self.max_items
+                and group.tokens + member.tokens <= self.max_tokens
+                and group.size + member.size <= self.max_bytes)
+
+    def _leave(self, group: Group) -> Group:
+        group.left = True
+        if self._open.get(group.key) is group:
+            del self._open[group.key]
+        return group

@@ -1,0 +1,91 @@
+"""The coalescer's decisions (no NATS): which requests share a work item and when it leaves."""
+
+from __future__ import annotations
+
+from heron.gateway.coalescing import MIN_WAIT_S, Coalescer, Member
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def member(name: str, items: int = 1, tokens: int = 10, size: int = 100,
+           deadline: float = 1e9) -> Member:
+    return Member(name, f"req-{name}", [f"{name}{i}" for i in range(items)], tokens, size,
+                  deadline, 0.0)
+
+
+def coalescer(clock: Clock | None = None, **bounds: int) -> Coalescer:
+    limits = {"max_items": 8, "max_tokens": 1000, "max_bytes": 10_000, **bounds}
+    return Coalescer(max_wait_s=0.002, clock=clock or Clock(), **limits)
+
+
+def test_a_request_alone_is_not_held_but_its_loop_turn_joins_it() -> None:
+    c = coalescer()
+    first = c.join("k", "pool", {"dims": 8}, member("a"), busy=False)
+    assert first.ready == [] and first.opened is not None and first.opened.wait_s == 0
+    second = c.join("k", "pool", {"dims": 8}, member("b", items=2), busy=True)
+    assert second.ready == [] and second.opened is None  # joined the open group
+    group = first.opened
+    assert c.close(group) and group.left
+    assert [m.inbox_key for m in group.members] == ["a", "b"]
+    assert group.wire_items() == ["a0", "b0", "b1"]
+    assert [(m.inbox_key, start) for m, start in group.offsets()] == [("a", 0), ("b", 1)]
+    assert group.body == {"dims": 8} and c.open_groups() == 0
+    assert c.window("k") == 0.002  # a loop-turn group does not move the window
+
+
+def test_a_busy_pool_holds_a_group_for_the_window_which_adapts() -> None:
+    c = coalescer()
+    lonely = c.join("k", "pool", {}, member("a"), busy=True).opened
+    assert lonely is not None and lonely.wait_s == 0.002
+    assert c.close(lonely)
+    assert c.window("k") == 0.001  # nobody joined: half the wait next time
+    for _ in range(20):
+        group = c.join("k", "pool", {}, member("x"), busy=True).opened
+        assert group is not None
+        c.close(group)
+    assert c.window("k") == MIN_WAIT_S  # never below the floor
+    company = c.join("k", "pool", {}, member("a"), busy=True).opened
+    c.join("k", "pool", {}, member("b"), busy=True)
+    assert company is not None and c.close(company)
+    assert c.window("k") == 2 * MIN_WAIT_S  # company: twice the wait
+    assert c.window("other") == 0.002  # per key
+
+
+def test_full_groups_leave_at_once_and_one_that_cannot_take_a_member_leaves_first() -> None:
+    c = coalescer(max_items=4, max_tokens=100, max_bytes=1000)
+    opened = c.join("k", "p", {}, member("a", items=3), busy=True).opened
+    assert opened is not None
+    filled = c.join("k", "p", {}, member("b", items=1), busy=True)
+    assert filled.ready == [opened] and filled.opened is None and opened.left
+    assert not c.close(opened)  # its timer fires later: already gone
+    first = c.join("k", "p", {}, member("c", items=3), busy=True).opened
+    over = c.join("k", "p", {}, member("d", items=2), busy=True)
+    assert over.ready == [first] and over.opened is not None  # d opens the next group
+    assert [m.inbox_key for m in over.opened.members] == ["d"]
+    tokens = c.join("j", "p", {}, member("e", tokens=60), busy=True).opened
+    assert c.join("j", "p", {}, member("f", tokens=60), busy=True).ready == [tokens]
+    size = c.join("s", "p", {}, member("g", size=1000), busy=True)
+    assert size.ready and size.opened is None  # reached max_bytes alone: leaves at once
+
+
+def test_release_lets_the_pools_open_groups_go_and_no_other() -> None:
+    c = coalescer()
+    a = c.join("k1", "pool-a", {}, member("a"), busy=True).opened
+    b = c.join("k2", "pool-a", {}, member("b"), busy=True).opened
+    other = c.join("k3", "pool-b", {}, member("c"), busy=True).opened
+    assert {id(g) for g in c.release("pool-a")} == {id(a), id(b)}
+    assert c.open_groups() == 1 and not other.left  # type: ignore[union-attr]
+    assert c.release("pool-a") == []
+
+
+def test_the_work_items_deadline_is_its_latest_members() -> None:
+    c = coalescer()
+    group = c.join("k", "p", {}, member("a", deadline=50.0), busy=True).opened
+    c.join("k", "p", {}, member("b", deadline=80.0), busy=True)
+    assert group is not None and group.deadline == 80.0
