@@ -16,7 +16,7 @@ one text per request (where coalescing at the gateway matters).
    median ratio of each pair (steps seconds apart, so the machine's drift cancels out).
 
 wrk drives both (one thread). Prints one JSON document and writes DIR/coalesce_bench.json
-(DIR: bench/results/); ``python -m bench.plot`` is not needed: the numbers go in a table.
+(DIR: bench/results/), and DIR/coalesce_bench.png when matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -142,6 +142,41 @@ def minilm_part(work: Path, bodies: Path, workers: int, duration: float,
     return {"steps": steps, "summary": summary}
 
 
+def plot(result: dict[str, Any], path: Path) -> bool:
+    """requests/s of heron serve and heron up side by side; False without matplotlib (an
+    optional dependency, as for bench.plot)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    labels, serve, up = [], [], []
+    if "null" in result:
+        labels.append("null model\n32 clients")
+        serve.append(result["null"]["serve"]["c32"]["throughput_rps"])
+        up.append(result["null"]["up"]["c32"]["throughput_rps"])
+    for c in (32, 64):
+        row = result.get("minilm", {}).get("summary", {}).get(f"c{c}")
+        if row:
+            labels.append(f"MiniLM\n{c} clients")
+            serve.append(row["serve_rps"])
+            up.append(row["up_rps"])
+    if not labels:
+        return False
+    fig, axes = plt.subplots(1, len(labels), figsize=(3.2 * len(labels), 3.8))
+    for ax, label, s, u in zip(fig.axes if len(labels) > 1 else [axes], labels, serve, up,
+                               strict=True):
+        ax.bar(["heron serve", "heron up"], [s, u], color=["#4c72b0", "#dd8452"])
+        ax.set(title=label, ylabel="requests / s")
+        ax.text(1, u, f"{u / s:.0%}", ha="center", va="bottom")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def run(part: str, quick: bool, rounds: int, out: Path) -> dict[str, Any]:
     duration = 4.0 if quick else 10.0
     workers = serve_processes("auto", "cpu")
@@ -163,6 +198,7 @@ def run(part: str, quick: bool, rounds: int, out: Path) -> dict[str, Any]:
         result["minilm"] = minilm_part(work, bodies, workers, duration, rounds)
     out.mkdir(parents=True, exist_ok=True)
     (out / "coalesce_bench.json").write_text(json.dumps(result, indent=2))
+    plot(result, out / "coalesce_bench.png")
     return result
 
 
