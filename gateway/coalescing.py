@@ -18,17 +18,24 @@ When a group leaves:
 
 The window adapts per key: a timed group that nobody joined halves it (down to
 ``MIN_WAIT_S``); one that got company doubles it (up to ``max_wait_s``).
-The Dispatcher does the I/O: it schedules the timers, publishes and routes the results.
+The Dispatcher does the I/O: it schedules the timers, publishes and routes the results;
+``split_result`` turns a shared work item's result into each member's.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from heron.gateway.reassembly import slice_error
+from heron.runtime.protocol import WorkResult
+from heron_sdk.errors import STATUS_BY_CODE, ErrorCode
+
 MIN_WAIT_S = 0.0001  # a window never shrinks below 0.1 ms (one event-loop turn or two)
+_ITEM_FIELD = re.compile(r"^items\[(\d+)\]")
 
 
 @dataclass(slots=True)
@@ -73,6 +80,13 @@ class Group:
 
     def wire_items(self) -> list[Any]:
         return [item for m in self.members for item in m.items]
+
+    def only(self, members: list[Member]) -> Group:
+        """The same (left) group with only ``members``: some left, or one failed."""
+        out = Group(self.key, self.pool, self.body, self.opened_at, self.wait_s, left=True)
+        for member in members:
+            out.add(member)
+        return out
 
     def offsets(self) -> list[tuple[Member, int]]:
         """(member, index of its first item in the work item), in order."""
@@ -159,3 +173,73 @@ class Coalescer:
         if self._open.get(group.key) is group:
             del self._open[group.key]
         return group
+
+
+# ---- a shared work item's result, back to its members ------------------------------------
+@dataclass(slots=True)
+class Split:
+    """Each waiting member's own result, and the members to send again in a new work item
+    (their neighbour's input failed the shared one)."""
+
+    results: list[tuple[Member, WorkResult]]
+    resend: list[Member]
+
+
+def split_result(group: Group, result: WorkResult, waiting: Callable[[str], bool]) -> Split:
+    """``result`` of the work item ``group`` went in, as each member's own (``waiting``:
+    whether a member's inbox key still waits). A member's result holds its own items (range
+    0..count) and usage; an input error (4xx) that names an item fails only the member
+    that owns it, its index counted in that member's items, and the other members are to
+    be sent again; any other error is every member's. A body with the wrong number of items
+    fails every member: a shifted answer is never served."""
+    error = result.error
+    if error is not None:
+        owner = _owner(group, error)
+        if owner is not None:
+            member, start = owner
+            own = WorkResult(member.request_id, 0, len(member.items), None,
+                             slice_error(error, -start).to_body()["error"], result.timings)
+            return Split([(member, own)] if waiting(member.inbox_key) else [],
+                         [m for m in group.members
+                          if m is not member and waiting(m.inbox_key)])
+    body = result.body
+    rows = body.get("items") if body is not None else None
+    results = []
+    for member, start in group.offsets():
+        if not waiting(member.inbox_key):
+            continue
+        count = len(member.items)
+        if error is not None:
+            part = WorkResult(member.request_id, 0, count, None, error, result.timings)
+        elif body is None or not isinstance(rows, list) or len(rows) != group.items:
+            part = WorkResult(member.request_id, 0, count, None, {
+                "code": ErrorCode.INTERNAL.value,
+                "message": f"a worker answered a shared work item of {group.items} items with "
+                           f"{len(rows) if isinstance(rows, list) else 'no'} items"},
+                result.timings)
+        else:
+            own = rows[start:start + count]
+            part = WorkResult(member.request_id, 0, count, {
+                "model": body.get("model"), "items": own,
+                "usage": {"tokens": sum(int(r.get("tokens", 0)) for r in own
+                                        if isinstance(r, dict))}}, None, result.timings)
+        results.append((member, part))
+    return Split(results, [])
+
+
+def _owner(group: Group, error: dict[str, Any]) -> tuple[Member, int] | None:
+    """(member, index of its first item) whose item an input error (4xx with a field
+    ``items[i]``) names; None for an error of the whole work item."""
+    field_name = error.get("field")
+    match = _ITEM_FIELD.match(field_name) if isinstance(field_name, str) else None
+    try:
+        status = STATUS_BY_CODE.get(ErrorCode(error.get("code")), 500)
+    except ValueError:
+        return None
+    if match is None or status >= 500:
+        return None
+    index = int(match.group(1))
+    for member, start in group.offsets():
+        if start <= index < start + len(member.items):
+            return member, start
+    return None

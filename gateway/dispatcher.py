@@ -14,13 +14,16 @@ finish within what is left of its deadline (counted from when the gateway receiv
 the rate the pool has been answering this gateway; else 429 QUEUE_FULL with the Retry-After
 the backlog implies.
 
-A publish that fails for want of a JetStream leader (an election after a node loss: no
-responders, timeouts) is retried with a backoff within the request's deadline and
-``publish_retry_max_s``: a node loss is latency, not errors. A retried publish may have
-been stored the first time: the slice is then computed twice and the second result is
-dropped as a duplicate (Reassembly), which is cheaper than deduplicating every publish.
+Publishes are retried through JetStream leader elections (gateway/publisher.py).
 
-Phases measured here: ``publish`` (until JetStream acked every work item) and
+Small encode and extract requests share work items (gateway/coalescing.py decides which
+and when, and splits their results; ``_join``, ``_send_group`` and ``_split_group_result``
+here do the I/O): a shared
+work item has an inbox key of its own, and its result is split back into each member's by
+item range, then reassembled as any result.
+
+Phases measured here: ``coalesce`` (a shared work item's wait for company), ``publish``
+(until JetStream acked every work item) and
 ``queue_wait`` (the rest of the wait that the worker did not account for: time in the
 stream before a worker took the item, and the result's way back).
 """
@@ -31,19 +34,18 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.errors import APIError
 from opentelemetry.trace import SpanKind
 
 from heron.gateway.admission import PoolLoad
-from heron.gateway.coalescing import Coalescer, Group, Member
+from heron.gateway.coalescing import Coalescer, Group, Member, split_result
 from heron.gateway.metrics import GatewayMetrics
-from heron.gateway.reassembly import Added, Reassembly, slice_error
+from heron.gateway.publisher import WorkPublisher
+from heron.gateway.reassembly import Added, Reassembly
 from heron.gateway.settings import GatewaySettings
 from heron.gateway.slicing import (
     HEADER_BYTES,
@@ -59,16 +61,12 @@ from heron.runtime.nats_link import NatsLink
 from heron.runtime.nats_names import reply_subject, work_subject
 from heron.runtime.protocol import ProtocolError, WorkItemHeaders, WorkResult
 from heron_sdk import wire
-from heron_sdk.errors import STATUS_BY_CODE, ErrorCode, HeronError
+from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.ids import new_request_id
 from heron_sdk.types import Item
 
 log = logging.getLogger("heron.gateway.dispatch")
-_ITEM_FIELD = re.compile(r"^items\[(\d+)\]")
 
-# Between tries of a publish that failed: a JetStream stream leader election on loopback
-# takes about 5 s (docs/benchmarks.md), so the tries go on for seconds, sparsely.
-PUBLISH_BACKOFF_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
 NATS_WAIT_POLL_S = 0.05  # how often a request waiting for NATS to come back looks
 # Tasks whose small requests are coalesced: their answers are per item, so a shared work
 # item's answer splits back by item range (score ranks against one query: not coalesced).
@@ -149,6 +147,7 @@ class Dispatcher:
         self._pending: dict[str, _Pending] = {}
         # pool -> its backlog (items and work items published, not answered) and drain rate
         self._loads: dict[str, PoolLoad] = {}
+        self.publisher = WorkPublisher(link, settings, metrics, self.nats_unavailable)
         self.coalescer = Coalescer(
             max_wait_s=settings.coalesce_max_wait_s, max_items=settings.coalesce_max_items,
             max_tokens=settings.max_tokens_per_work_item,
@@ -317,13 +316,13 @@ class Dispatcher:
         if not live:
             return
         if len(live) < len(group.members):
-            group = _regrouped(group, [m for m, _ in live])
+            group = group.only([m for m, _ in live])
         key: GroupKey = group.key  # type: ignore[assignment]
         payload = wire.encode({**group.body, "items": group.wire_items()}, wire.MSGPACK)
         if len(payload) > self.link.max_payload - HEADER_BYTES and len(group.members) > 1:
             half = len(group.members) // 2  # the byte estimate was short: two work items
             for part in (group.members[:half], group.members[half:]):
-                self._send(_regrouped(group, part))
+                self._send(group.only(part))
             return
         group_key = new_request_id()
         self._groups[group_key] = _SentGroup(group, len(live))
@@ -345,10 +344,10 @@ class Dispatcher:
                 telemetry.inject(headers)
                 give_up_at = time.monotonic() + min(group.deadline - time.time(),
                                                     self.settings.publish_retry_max_s)
-                await self._publish_one(key.pool, subject, payload, headers, give_up_at)
+                await self.publisher.publish(key.pool, subject, payload, headers, give_up_at)
         except Exception as exc:
             self._landed(self._groups.pop(group_key, None))
-            error = self._publish_error(key.pool, exc)
+            error = self.publisher.error(key.pool, exc)
             for _, pending in live:
                 _fail(pending, error)
             return
@@ -371,46 +370,14 @@ class Dispatcher:
 
     def _split_group_result(self, sent: _SentGroup, result: WorkResult,
                             arrived: float) -> None:
-        """A shared work item's result, as each member's own. An input error that names
-        an item fails only that item's request; the others are sent again without it."""
-        group = sent.group
-        error = result.error
-        if error is not None:
-            owner = _owner(group, error)
-            if owner is not None:
-                member, start = owner
-                pending = self._pending.get(member.inbox_key)
-                if pending is not None:
-                    rebased = slice_error(error, -start).to_body()["error"]
-                    self._apply(pending, WorkResult(member.request_id, 0, len(member.items),
-                                                    None, rebased, result.timings), arrived)
-                others = [m for m in group.members if m is not member
-                          and m.inbox_key in self._pending]
-                if others:
-                    self.metrics.coalesced_resent.labels(group.pool).inc(len(others))
-                    self._send(_regrouped(group, others))
-                return
-        rows = result.body.get("items") if result.body is not None else None
-        for member, start in group.offsets():
-            pending = self._pending.get(member.inbox_key)
-            if pending is None:
-                continue
-            count = len(member.items)
-            if error is not None:
-                part = WorkResult(member.request_id, 0, count, None, error, result.timings)
-            elif not isinstance(rows, list) or len(rows) != group.items:
-                part = WorkResult(member.request_id, 0, count, None, {
-                    "code": ErrorCode.INTERNAL.value,
-                    "message": f"a worker answered a shared work item of {group.items} items"
-                               f" with {len(rows) if isinstance(rows, list) else 'no'} items"},
-                    result.timings)
-            else:
-                own = rows[start:start + count]
-                body = {"model": result.body.get("model"), "items": own,  # type: ignore[union-attr]
-                        "usage": {"tokens": sum(int(r.get("tokens", 0)) for r in own
-                                                if isinstance(r, dict))}}
-                part = WorkResult(member.request_id, 0, count, body, None, result.timings)
-            self._apply(pending, part, arrived)
+        """A shared work item's result, as each member's own (coalescing.split_result);
+        members whose neighbour's input failed it are sent again."""
+        split = split_result(sent.group, result, self._pending.__contains__)
+        for member, part in split.results:
+            self._apply(self._pending[member.inbox_key], part, arrived)
+        if split.resend:
+            self.metrics.coalesced_resent.labels(sent.group.pool).inc(len(split.resend))
+            self._send(sent.group.only(split.resend))
 
     async def _publish(self, work: WorkRequest, reply: str, deadline: float,
                        encoded: list[tuple[Slice, bytes]]) -> None:
@@ -424,7 +391,7 @@ class Dispatcher:
                                       piece.start, piece.count, deadline,
                                       work.priority).to_wire()
             telemetry.inject(headers)  # traceparent: the worker's spans join this trace
-            publishes.append(self._publish_one(work.pool, subject, payload, headers,
+            publishes.append(self.publisher.publish(work.pool, subject, payload, headers,
                                                give_up_at))
         if len(publishes) == 1:
             outcomes: list[Any] = [await _settle(publishes[0])]
@@ -434,51 +401,7 @@ class Dispatcher:
             sum(not isinstance(o, BaseException) for o in outcomes))
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         if failures:
-            raise self._publish_error(work.pool, failures[0])
-
-    async def _publish_one(self, pool: str, subject: str, payload: bytes,
-                           headers: dict[str, str], give_up_at: float) -> None:
-        """One work item, retried with a backoff through a leader election (no responders,
-        timeouts, NATS reconnecting) until ``give_up_at``. A full stream is not retried."""
-        tries = 0
-        while True:
-            left = give_up_at - time.monotonic()
-            js = self.link.js
-            if js is not None and self.link.ready:
-                try:
-                    await js.publish(subject, payload, headers=headers,
-                                     timeout=max(0.05, min(self.settings.publish_timeout_s,
-                                                           left)))
-                    if tries:
-                        self.metrics.publish_retries.labels(pool).inc(tries)
-                    return
-                except APIError as exc:
-                    if _stream_full(exc):
-                        raise
-                    failure: BaseException = exc
-                except Exception as exc:  # no responders, timeout, connection lost
-                    failure = exc
-            else:
-                failure = ConnectionError("not connected to NATS")
-            pause = PUBLISH_BACKOFF_S[min(tries, len(PUBLISH_BACKOFF_S) - 1)]
-            tries += 1
-            if time.monotonic() + pause >= give_up_at:
-                raise failure
-            if tries == 1:
-                log.info("publishing to %s failed (%r); retrying for up to %.1f s",
-                         subject, failure, left)
-            await asyncio.sleep(pause)
-
-    def _publish_error(self, pool: str, exc: BaseException) -> HeronError:
-        if isinstance(exc, APIError) and _stream_full(exc):
-            return HeronError(ErrorCode.QUEUE_FULL,
-                              f"the work stream of pool {pool} is full: {exc.description}",
-                              retry_after_s=self.settings.queue_full_retry_after_s)
-        if isinstance(exc, HeronError):
-            return exc
-        log.warning("publishing work to pool %s failed: %r", pool, exc)
-        return self.nats_unavailable(
-            f"could not queue the work on NATS ({type(exc).__name__}); retry shortly")
+            raise self.publisher.error(work.pool, failures[0])
 
     # ---- results ------------------------------------------------------------------------
     async def on_result(self, msg: Msg) -> None:
@@ -556,10 +479,6 @@ class Dispatcher:
         return len(self._pending)
 
 
-def _stream_full(exc: APIError) -> bool:
-    return "maximum" in str(exc.description or "").lower()
-
-
 def split_unaccounted(publish_s: float, unaccounted_s: float | None) -> tuple[float, float]:
     """(publish, queue_wait) out of the time the last slice spent outside a worker (None:
     unknown, no worker told its time).
@@ -586,29 +505,3 @@ def _fail(pending: _Pending, error: HeronError) -> None:
         pending.reassembly.error = error
     if not pending.done.done():
         pending.done.set_result(None)
-
-
-def _regrouped(group: Group, members: list[Member]) -> Group:
-    """The same group with only ``members`` (some left, or one failed)."""
-    out = Group(group.key, group.pool, group.body, group.opened_at, group.wait_s, left=True)
-    for member in members:
-        out.add(member)
-    return out
-
-
-def _owner(group: Group, error: dict[str, Any]) -> tuple[Member, int] | None:
-    """(member, its first item's index) whose item an input error (4xx with a field
-    ``items[i]``) names; None for an error of the whole work item."""
-    field = error.get("field")
-    match = _ITEM_FIELD.match(field) if isinstance(field, str) else None
-    try:
-        status = STATUS_BY_CODE.get(ErrorCode(error.get("code")), 500)
-    except ValueError:
-        return None
-    if match is None or status >= 500:
-        return None
-    index = int(match.group(1))
-    for member, start in group.offsets():
-        if start <= index < start + len(member.items):
-            return member, start
-    return None

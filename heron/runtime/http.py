@@ -45,11 +45,13 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     not two: on a busy gateway the second task and the wait on both cost ~3% of its CPU)."""
     current = asyncio.current_task()
     assert current is not None
-    gone = False
+    gone = finished = False
 
     def on_disconnect(watcher: asyncio.Future[None]) -> None:
         nonlocal gone
-        if not watcher.cancelled() and watcher.exception() is None:
+        # ``finished``: a callback scheduled just before the work ended must not cancel
+        # whatever the task does next.
+        if not finished and not watcher.cancelled() and watcher.exception() is None:
             gone = True
             current.cancel()
 
@@ -63,6 +65,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         current.uncancel()
         raise ClientDisconnected(request.url.path) from None
     finally:
+        finished = True
         watcher.remove_done_callback(on_disconnect)
         watcher.cancel()
 

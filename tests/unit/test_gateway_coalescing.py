@@ -1,8 +1,12 @@
-"""The coalescer's decisions (no NATS): which requests share a work item and when it leaves."""
+"""The coalescer's decisions (no NATS): which requests share a work item and when it leaves;
+and how a shared work item's result splits back into its requests' own."""
 
 from __future__ import annotations
 
-from heron.gateway.coalescing import MIN_WAIT_S, Coalescer, Member
+from typing import Any
+
+from heron.gateway.coalescing import MIN_WAIT_S, Coalescer, Group, Member, split_result
+from heron.runtime.protocol import WorkResult
 
 
 class Clock:
@@ -89,3 +93,64 @@ def test_the_work_items_deadline_is_its_latest_members() -> None:
     group = c.join("k", "p", {}, member("a", deadline=50.0), busy=True).opened
     c.join("k", "p", {}, member("b", deadline=80.0), busy=True)
     assert group is not None and group.deadline == 80.0
+
+
+# ---- splitting a shared work item's result ---------------------------------------------
+def _group(counts: list[int]) -> Group:
+    c = coalescer(max_items=64)
+    group = c.join("k", "pool", {}, member("m0", items=counts[0]), busy=True).opened
+    assert group is not None
+    for n, count in enumerate(counts[1:], start=1):
+        c.join("k", "pool", {}, member(f"m{n}", items=count), busy=True)
+    return group
+
+
+def _rows(n: int) -> list[dict[str, Any]]:
+    return [{"dense": [float(i)], "tokens": i + 1} for i in range(n)]
+
+
+def everyone(_: str) -> bool:
+    return True
+
+
+def test_a_shared_result_is_split_by_item_range_with_each_members_usage() -> None:
+    group = _group([2, 1, 3])
+    body = {"model": "m", "items": _rows(6), "usage": {"tokens": 21}}
+    split = split_result(group, WorkResult("req-m0", 0, 6, body, None, {"total": 0.01}),
+                         lambda key: key != "m1")  # m1 timed out meanwhile
+    assert split.resend == []
+    assert [m.inbox_key for m, _ in split.results] == ["m0", "m2"]
+    parts = [part for _, part in split.results]
+    assert [(p.start, p.count, p.timings) for p in parts] == [(0, 2, {"total": 0.01}),
+                                                              (0, 3, {"total": 0.01})]
+    assert [[r["dense"][0] for r in p.body["items"]] for p in parts] == [[0.0, 1.0],
+                                                                         [3.0, 4.0, 5.0]]
+    assert [p.body["usage"]["tokens"] for p in parts] == [1 + 2, 4 + 5 + 6]
+
+
+def test_an_input_error_fails_only_its_owner_and_the_rest_go_again() -> None:
+    group = _group([2, 3, 1])
+    error = {"code": "INPUT_TOO_LONG", "field": "items[3]",
+             "message": "items[3]: longer than the model's 256 tokens"}
+    split = split_result(group, WorkResult("req-m0", 0, 6, None, error, None), everyone)
+    assert [m.inbox_key for m in split.resend] == ["m0", "m2"]
+    [(owner, part)] = split.results
+    assert owner.inbox_key == "m1" and part.error is not None
+    assert part.error["field"] == "items[1]"  # its own second item
+    assert part.error["message"].startswith("items[1]:")
+    assert group.only(split.resend).items == 3
+
+
+def test_an_error_of_the_whole_work_item_is_every_members() -> None:
+    group = _group([1, 2])
+    error = {"code": "MODEL_LOADING", "message": "gave up after 5 deliveries"}
+    split = split_result(group, WorkResult("req-m0", 0, 3, None, error, None), everyone)
+    assert split.resend == [] and [p.error for _, p in split.results] == [error, error]
+    # 5xx naming an item is still the whole work item's
+    crash = {"code": "INTERNAL", "field": "items[0]", "message": "bug"}
+    assert split_result(group, WorkResult("r", 0, 3, None, crash, None),
+                        everyone).resend == []
+    # a worker that answered the wrong number of items: refused, never served shifted
+    short = {"model": "m", "items": _rows(2), "usage": {"tokens": 3}}
+    split = split_result(group, WorkResult("req-m0", 0, 3, short, None, None), everyone)
+    assert [p.error["code"] for _, p in split.results] == ["INTERNAL", "INTERNAL"]
