@@ -24,18 +24,16 @@ The Dispatcher does the I/O: it schedules the timers, publishes and routes the r
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from heron.gateway.reassembly import slice_error
+from heron.gateway.reassembly import ITEM_INDEX, slice_error
 from heron.runtime.protocol import WorkResult
 from heron_sdk.errors import STATUS_BY_CODE, ErrorCode
 
 MIN_WAIT_S = 0.0001  # a window never shrinks below 0.1 ms (one event-loop turn or two)
-_ITEM_FIELD = re.compile(r"^items\[(\d+)\]")
 
 
 @dataclass(slots=True)
@@ -231,7 +229,7 @@ def _owner(group: Group, error: dict[str, Any]) -> tuple[Member, int] | None:
     """(member, index of its first item) whose item an input error (4xx with a field
     ``items[i]``) names; None for an error of the whole work item."""
     field_name = error.get("field")
-    match = _ITEM_FIELD.match(field_name) if isinstance(field_name, str) else None
+    match = ITEM_INDEX.match(field_name) if isinstance(field_name, str) else None
     try:
         status = STATUS_BY_CODE.get(ErrorCode(error.get("code")), 500)
     except ValueError:

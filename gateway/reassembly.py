@@ -97,7 +97,8 @@ class Reassembly:
         return sorted(self.bodies.items())
 
 
-_ITEM_INDEX = re.compile(r"^items\[(\d+)\]")
+# An error field naming an item: ``items[i]`` (and what follows it, for a nested field).
+ITEM_INDEX = re.compile(r"^items\[(\d+)\]")
 
 
 def slice_error(error: Mapping[str, Any], start: int) -> HeronError:
@@ -111,7 +112,7 @@ def slice_error(error: Mapping[str, Any], start: int) -> HeronError:
     field = error.get("field")
 
     def shift(text: str) -> str:
-        return _ITEM_INDEX.sub(lambda m: f"items[{int(m.group(1)) + start}]", text, count=1)
+        return ITEM_INDEX.sub(lambda m: f"items[{int(m.group(1)) + start}]", text, count=1)
 
     if isinstance(field, str):
         field = shift(field)

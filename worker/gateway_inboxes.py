@@ -182,16 +182,26 @@ class GatewayInboxes:
                 return False
         if not self.memory.probe_due(prefix):
             return True
-        try:
-            await self.nc.request(reply, b"", timeout=RESULT_ACK_TIMEOUT_S)
-        except NoRespondersError:
-            self.memory.mark_gone(prefix)  # still gone: remembered for longer
+        heard = await self._ask(reply)
+        if heard is None:  # no verdict (NATS away): the last one stands
             return True
-        except Exception:  # no verdict (NATS away): the last one stands
+        if not heard:
+            self.memory.mark_gone(prefix)  # still gone: remembered for longer
             return True
         log.info("the gateway on %s answers again; computing its work", prefix)
         self._settle(prefix, gone=False)
         return False
+
+    async def _ask(self, reply: str) -> bool | None:
+        """An empty message to the inbox (a gateway answers every message there): True
+        answered, False no responders, None no verdict (a timeout, NATS away)."""
+        try:
+            await self.nc.request(reply, b"", timeout=RESULT_ACK_TIMEOUT_S)
+        except NoRespondersError:
+            return False
+        except Exception:
+            return None
+        return True
 
     async def listening(self, reply: str) -> bool:
         """Ask the item's inbox with an empty message (a gateway answers every message on
@@ -199,14 +209,10 @@ class GatewayInboxes:
         redelivered item is asked about first: its first try's result may have gone to a
         gateway that died meanwhile (a request that timed out), and computing it again
         would be for nobody."""
-        try:
-            await self.nc.request(reply, b"", timeout=RESULT_ACK_TIMEOUT_S)
-        except NoRespondersError:
+        if await self._ask(reply) is False:
             self._settle(inbox_of(reply), gone=True)
             return False
-        except Exception:  # no verdict (NATS away, a timeout): compute it
-            return True
-        return True
+        return True  # heard, or no verdict (NATS away, a timeout): compute it
 
     def _suspect(self, prefix: str) -> None:
         if prefix not in self._suspects:

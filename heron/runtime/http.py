@@ -148,12 +148,9 @@ EXCEPTION_HANDLERS = {
 
 
 def error_handler(exc: Exception) -> Any:
-    """The handler EXCEPTION_HANDLERS gives ``exc`` (as Starlette would pick it)."""
-    if isinstance(exc, HeronError):
-        return heron_error_handler
-    if isinstance(exc, HTTPException):
-        return http_error_handler
-    return unexpected_error_handler
+    """The handler EXCEPTION_HANDLERS gives ``exc``: its first class ``exc`` is an instance
+    of (the table runs from the most specific to ``Exception``, as Starlette picks)."""
+    return next(handler for cls, handler in EXCEPTION_HANDLERS.items() if isinstance(exc, cls))
 
 
 def require_bearer(authorization: str | None, tokens: set[str], what: str) -> None:
