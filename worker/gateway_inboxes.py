@@ -208,11 +208,10 @@ class GatewayInboxes:
         its inbox): False when nobody listens there any more (remembered as gone). A
         redelivered item is asked about first: its first try's result may have gone to a
         gateway that died meanwhile (a request that timed out), and computing it again
-        would be for nobody."""
-        if await self._ask(reply) is False:
-            self._settle(inbox_of(reply), gone=True)
-            return False
-        return True  # heard, or no verdict (NATS away, a timeout): compute it
+        would be for nobody. Asked as a result is delivered (``deliver``), with the same
+        patience: right after a NATS restart a live gateway may not have subscribed again
+        yet. A timeout or NATS away is no verdict: the item is computed."""
+        return await self.deliver(reply, b"") is not Delivery.GATEWAY_GONE
 
     def _suspect(self, prefix: str) -> None:
         if prefix not in self._suspects:
