@@ -18,8 +18,9 @@ from starlette.routing import Route
 from heron.config_service.body import read_raw
 from heron.config_service.service import ConfigService
 from heron.runtime import config_api_types as cfg
-from heron.runtime.front import NOT_READY_RETRY_AFTER_S, api_docs_routes
+from heron.runtime.front import NOT_READY_RETRY_AFTER_S
 from heron.runtime.http import EXCEPTION_HANDLERS, respond
+from heron.runtime.inference_app import api_docs_routes
 from heron.runtime.openapi import ApiOperation
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError

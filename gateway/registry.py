@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from heron.runtime.adapters import adapter_family
-from heron.runtime.front import model_description
+from heron.runtime.backend import model_description
 from heron.runtime.modelconfig import (
     Bundle,
     ConfigError,

@@ -41,14 +41,14 @@ from heron.gateway.status_page import ClusterStatusPage, subscribe_supervisor_ev
 from heron.runtime import api_types as api
 from heron.runtime import telemetry
 from heron.runtime.adapters import AUTO
-from heron.runtime.front import (
+from heron.runtime.backend import (
     Answer,
     InferenceCall,
     Provisioning,
     Readiness,
-    build_inference_app,
 )
 from heron.runtime.http import note_route, respond
+from heron.runtime.inference_app import build_inference_app
 from heron.runtime.logs import current_request
 from heron.runtime.nats_link import NatsLink
 from heron.runtime.nats_names import (

@@ -19,13 +19,13 @@ import psutil
 from starlette.applications import Starlette
 
 from heron.runtime import telemetry
-from heron.runtime.front import (
+from heron.runtime.backend import (
     Answer,
     InferenceCall,
     Readiness,
-    build_inference_app,
     model_description,
 )
+from heron.runtime.inference_app import build_inference_app
 from heron.runtime.logs import adopt_library_logs
 from heron.runtime.modelconfig import Bundle, ModelConfig
 from heron.worker.cluster import WorkerCluster

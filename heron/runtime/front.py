@@ -13,37 +13,36 @@ declared here next to the handlers (``INFERENCE_OPERATIONS``).
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
-from functools import cache
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from heron import __version__
 from heron.runtime import api_types as api
-from heron.runtime.adapters import adapter_family
-from heron.runtime.auth import api_key_middleware
+from heron.runtime.backend import (
+    Answer,
+    InferenceBackend,
+    InferenceCall,
+    Provisioning,
+)
 from heron.runtime.http import (
     CLIENT_CLOSED_STATUS,
-    EXCEPTION_HANDLERS,
     ClientDisconnected,
     RequestScope,
-    error_handler,
     read_body,
     respond,
     server_timing,
     unless_disconnected,
 )
-from heron.runtime.modelconfig import ModelConfig
 from heron.runtime.openai_compat import embeddings_response, parse_embeddings_request
-from heron.runtime.openapi import ApiOperation, docs_routes, openapi_document
+from heron.runtime.openapi import ApiOperation
 from heron.runtime.received import received_at
+from heron.runtime.rerank_api import RERANK_OPERATIONS
+from heron.runtime.tei_api import TEI_OPERATIONS
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.types import MAX_BODY_BYTES, EncodeRequest, ExtractRequest, Item, ScoreRequest
@@ -56,131 +55,6 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4"
 NOT_READY_RETRY_AFTER_S = 2
 # A server at its bound of requests in flight: most finish within a second or two.
 OVERLOADED_RETRY_AFTER_S = 1.0
-
-
-# ---- what a backend deals in ------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class InferenceCall:
-    """What a backend may need of the HTTP request beyond its parsed body."""
-
-    headers: Mapping[str, str]  # the request's headers (a gateway routes by X-Heron-Pool)
-    # Every item must succeed: an item's failure fails the call, and the answer carries no
-    # per-item errors (an OpenAI embeddings body has nowhere to put them).
-    all_or_nothing: bool = False
-    # time.monotonic() when the server received the request: its deadline counts from here
-    # (heron.runtime.received), not from when the handler ran.
-    received_at: float = field(default_factory=time.monotonic)
-
-    def remaining_s(self, timeout_s: float) -> float:
-        """What is left of ``timeout_s`` counted from the request's arrival."""
-        return timeout_s - (time.monotonic() - self.received_at)
-
-
-@dataclass(slots=True)
-class Answer:
-    """A backend's answer to one call: the body to send, the model's id (metric label), and
-    the phases it took, in order, for Server-Timing."""
-
-    body: dict[str, Any]
-    model_id: str
-    phases: Mapping[str, float]  # phase -> seconds
-    total_s: float | None = None  # the backend's own total; None: measured by the front
-
-
-class Provisioning(Exception):
-    """No capacity for the model yet, and some is coming: answered 202 with Retry-After
-    (not an error: the caller retries, and the SDK waits for it)."""
-
-    def __init__(self, pool: str, bundle: str, estimated_wait_s: float,
-                 retry_after_s: float) -> None:
-        super().__init__(f"pool {pool} is provisioning")
-        self.body = {"status": "provisioning", "pool": pool, "bundle": bundle,
-                     "estimated_wait_s": estimated_wait_s}
-        self.retry_after_s = retry_after_s
-
-
-@dataclass(slots=True)
-class Readiness:
-    """A server's /readyz verdict; its body is the same shape on every server."""
-
-    status: str  # "ready", "loading", "failed" (a preloaded model), "disconnected" (NATS)
-    models: dict[str, str]  # model id -> state
-    nats_connected: bool | None = None  # None: this server uses no NATS (`heron serve`)
-    details: dict[str, Any] = field(default_factory=dict)  # what only this server knows
-
-    @property
-    def ready(self) -> bool:
-        return self.status == "ready"
-
-    def body(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"status": self.status, "models": self.models}
-        if self.nats_connected is not None:
-            out["nats_connected"] = self.nats_connected
-        return {**out, **self.details}
-
-
-class InferenceBackend(Protocol):
-    """What serves the inference API behind the front: the worker's local model registry,
-    or the gateway's pools over NATS. Errors are HeronErrors (the front maps them)."""
-
-    telemetry_scope: str  # heron.runtime.telemetry.GATEWAY or .WORKER: spans are named so
-    log: logging.Logger  # the request's summary line goes here
-
-    async def encode(self, model: str, req: EncodeRequest, call: InferenceCall) -> Answer: ...
-
-    async def score(self, model: str, req: ScoreRequest, call: InferenceCall) -> Answer: ...
-
-    async def extract(self, model: str, req: ExtractRequest, call: InferenceCall
-                      ) -> Answer: ...
-
-    async def provision(self, model: str, call: InferenceCall) -> Answer:
-        """200 once the model can serve; else start getting it there (load, or workers)."""
-        ...
-
-    def models(self) -> list[dict[str, Any]]:
-        """Every model, as ``model_description`` builds it."""
-        ...
-
-    def model(self, name: str) -> dict[str, Any]:
-        """One model by id or alias (404 MODEL_NOT_FOUND)."""
-        ...
-
-    def readiness(self) -> Readiness: ...
-
-    def canonical_id(self, name: str) -> str | None:
-        """The model id a name or alias stands for; None for a name not served here."""
-        ...
-
-    def observe_request(self, route: str, model: str, status: int, seconds: float) -> None:
-        """Per-request metrics: ``model`` is an id or ``_unknown``, never a client's name."""
-        ...
-
-    def metrics_text(self) -> bytes:
-        """The Prometheus exposition for GET /metrics."""
-        ...
-
-
-def model_description(config: ModelConfig, *, state: str, bundle: str, pool: str | None,
-                      **known: Any) -> dict[str, Any]:
-    """A model as GET /v1/models shows it, on every server: its configuration, where it is
-    served, its state, and what only a loaded model knows (``known``: device, dtype,
-    dimensions, ...; None values are left out)."""
-    family = adapter_family(config.adapter)
-    tasks = family.tasks
-    out: dict[str, Any] = {"id": config.id, "object": "model", "owned_by": "heron",
-                           "adapter": config.adapter, "aliases": list(config.aliases),
-                           "task": tasks[0], "tasks": list(tasks), "bundle": bundle,
-                           "state": state}
-    if pool is not None:
-        out["pool"] = pool
-    if family.output_types:
-        out["output_types"] = sorted(family.output_types)
-    if config.profile.max_sequence_length is not None:
-        out["max_sequence_length"] = config.profile.max_sequence_length
-    if config.description:
-        out["description"] = config.description
-    out.update((key, value) for key, value in known.items() if value is not None)
-    return out
 
 
 # ---- the API's description ----------------------------------------------------------------
@@ -222,21 +96,16 @@ METRICS_OPERATION = ApiOperation("GET", "/metrics", "metrics", "Prometheus metri
 INFERENCE_OPERATIONS: tuple[ApiOperation, ...] = (
     ENCODE_OPERATION, SCORE_OPERATION, EXTRACT_OPERATION, EMBEDDINGS_OPERATION,
     LIST_MODELS_OPERATION, GET_MODEL_OPERATION, PROVISION_OPERATION, HEALTHZ_OPERATION,
-    READYZ_OPERATION, METRICS_OPERATION)
-
-
-def api_docs_routes(operations: Sequence[ApiOperation], title: str) -> list[BaseRoute]:
-    """``GET /openapi.json`` and ``GET /docs`` for ``operations`` (heron.runtime.openapi)."""
-    frozen = tuple(operations)
-
-    @cache  # the routes never change while the process runs: build the document once
-    def document() -> dict[str, Any]:
-        return openapi_document(frozen, title=title, version=__version__)
-
-    return docs_routes(document)
+    READYZ_OPERATION, METRICS_OPERATION, *RERANK_OPERATIONS, *TEI_OPERATIONS)
 
 
 # ---- the front ----------------------------------------------------------------------------
+# How a route that speaks another API (OpenAI's, Cohere's, TEI's) writes an error: the
+# status and JSON body for a HeronError, in that API's own shape, so its clients raise their
+# own exception classes. Headers (X-Request-Id, Retry-After) are the front's.
+ErrorShape = Callable[[HeronError], tuple[int, dict[str, Any]]]
+
+
 class InferenceFront:
     """The HTTP handlers of the inference API over one backend."""
 
@@ -251,9 +120,10 @@ class InferenceFront:
 
     async def _serve(self, request: Request, route_name: str,
                      handle: Callable[[Any], Awaitable[Answer]], *, json_only: bool = False,
-                     read: bool = True) -> Response:
+                     read: bool = True, errors: ErrorShape | None = None) -> Response:
         """Read the body, run ``handle``, answer; metrics, logs, span and timing headers for
-        every route."""
+        every route. ``errors``: the route speaks another API; its errors take that API's
+        shape, and "provisioning" is a 503 with Retry-After (its clients know no 202)."""
         backend = self.backend
         started = received_at(request.scope)
         status, label = 500, request.path_params.get("model", "_unknown")
@@ -281,6 +151,11 @@ class InferenceFront:
                                 headers=headers)
             return respond(request, answer.body, request_fmt=fmt, headers=headers)
         except Provisioning as wait:
+            if errors is not None:
+                status, response = self._dialect_error(scope, errors, HeronError(
+                    ErrorCode.NOT_READY, f"{wait}: no worker is ready yet; retry after "
+                    f"{max(1, round(wait.retry_after_s))} s", retry_after_s=wait.retry_after_s))
+                return response
             status = 202
             headers = {"Retry-After": str(max(1, round(wait.retry_after_s))),
                        "X-Request-Id": scope.request_id}
@@ -290,13 +165,26 @@ class InferenceFront:
             return Response(status_code=CLIENT_CLOSED_STATUS)
         except HeronError as exc:
             status = exc.status
-            raise
+            if errors is None:
+                raise
+            status, response = self._dialect_error(scope, errors, exc)
+            return response
         finally:
             self.in_flight -= 1
             # Labels use model ids; unknown names must not mint new label values.
             model = backend.canonical_id(label) or "_unknown"
             backend.observe_request(route_name, model, status, time.monotonic() - started)
             scope.finish(status, None if model == "_unknown" else model)
+
+    @staticmethod
+    def _dialect_error(scope: RequestScope, errors: ErrorShape,
+                       exc: HeronError) -> tuple[int, Response]:
+        status, body = errors(exc)
+        headers = {"X-Request-Id": scope.request_id}
+        if exc.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        return status, Response(wire.encode(body, wire.JSON), status_code=status,
+                                media_type=wire.JSON, headers=headers)
 
     @staticmethod
     def _call(request: Request, all_or_nothing: bool = False) -> InferenceCall:
@@ -371,66 +259,3 @@ class InferenceFront:
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
         ]
-
-
-Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
-
-
-def build_inference_app(backend: InferenceBackend, *, title: str,
-                        lifespan: Lifespan | None = None,
-                        extra_routes: Sequence[BaseRoute] = (),
-                        extra_operations: Sequence[ApiOperation] = (),
-                        max_in_flight: int | None = None,
-                        max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
-    """The app of a server with the inference API: the front's routes, then the server's
-    own (``extra_routes``, described by ``extra_operations``), /openapi.json and /docs, API
-    keys from HERON_API_KEYS, and the one error mapping. ``max_in_flight``: inference
-    requests at once before 429 QUEUE_FULL (None: no bound here); ``max_body_bytes``: the
-    largest request body before 413."""
-    front = InferenceFront(backend, max_in_flight, max_body_bytes)
-    routes = [*front.routes(), *extra_routes,
-              *api_docs_routes((*INFERENCE_OPERATIONS, *extra_operations), title)]
-    middleware = api_key_middleware()
-    app = InferenceApp(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS),
-                       lifespan=lifespan, middleware=middleware)
-    if not middleware:  # API keys are checked by middleware: then every route goes there
-        app.hot_routes = {"/v1/encode/": front.encode, "/v1/score/": front.score,
-                          "/v1/extract/": front.extract}
-        app.hot_exact = {"/v1/embeddings": front.embeddings}
-    return app
-
-
-class InferenceApp(Starlette):
-    """Starlette, with the inference POSTs taken straight to their handlers: past the
-    router's matching of every route and three middleware layers, which cost a gateway about
-    10% of its CPU a request (py-spy, one-text requests). The handlers' errors get the same
-    responses as through the stack (heron.runtime.http's handlers); every other request,
-    and every request while API keys are set, goes through Starlette as before."""
-
-    hot_routes: dict[str, Callable[[Request], Awaitable[Response]]] = {}  # path prefix ->
-    hot_exact: dict[str, Callable[[Request], Awaitable[Response]]] = {}  # exact path ->
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path: str = scope["path"]
-            handler = self.hot_exact.get(path)
-            model = None
-            if handler is None and path.startswith("/v1/"):
-                prefix = path[:path.find("/", 4) + 1]
-                handler = self.hot_routes.get(prefix)
-                model = path[len(prefix):] if handler is not None else None
-                if not model:
-                    handler = None
-            if handler is not None:
-                scope["app"] = self
-                if model is not None:
-                    scope["path_params"] = {"model": model}
-                request = Request(scope, receive, send)
-                try:
-                    response = await handler(request)
-                except Exception as exc:
-                    response = await error_handler(exc)(request, exc)
-                await response(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
-
