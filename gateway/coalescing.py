@@ -43,7 +43,7 @@ class Member:
     inbox_key: str
     request_id: str
     items: list[Any]  # the request's items in wire form
-    tokens: int  # estimated (heron.gateway.slicing.estimate_tokens)
+    tokens: int  # estimated (heron.gateway.slicing.item_tokens)
     size: int  # estimated bytes of its items in the work item
     deadline: float  # unix seconds, as workers read it
     joined_at: float  # the coalescer's clock

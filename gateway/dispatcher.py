@@ -52,8 +52,8 @@ from heron.gateway.slicing import (
     MESSAGE_OVERHEAD_BYTES,
     Slice,
     encode_slices,
-    estimate_tokens,
     item_bytes,
+    item_tokens,
     plan_slices,
 )
 from heron.runtime import telemetry
@@ -87,7 +87,7 @@ class WorkRequest:
 
     request_id: str  # the id its logs and the work items' Heron-Request-Id carry
     pool: str
-    task: str  # encode | score | extract
+    task: str  # encode | score | extract | tokenize | decode
     model_id: str
     wire_body: dict[str, Any]  # the sdk request's to_wire(), all items
     items: list[Item]
@@ -283,7 +283,7 @@ class Dispatcher:
         key = GroupKey(work.pool, work.model_id, work.task, work.priority,
                        int(math.log2(max(remaining, 1e-3))), options)
         member = Member(inbox_key, work.request_id, body["items"],
-                        sum(estimate_tokens(i.text) for i in work.items),
+                        sum(item_tokens(i) for i in work.items),
                         sum(item_bytes(i) for i in work.items), deadline, time.monotonic())
         shared = {k: v for k, v in body.items() if k not in _PER_MEMBER_FIELDS}
         self.coalescer.max_bytes = self.link.max_payload - MESSAGE_OVERHEAD_BYTES

@@ -61,6 +61,7 @@ from heron.runtime.nats_names import (
 )
 from heron.runtime.openapi import ApiOperation
 from heron.runtime.protocol import DemandNotice
+from heron.runtime.token_calls import DecodeRequest, TokenizeRequest
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.ids import new_request_id
@@ -289,6 +290,23 @@ class GatewayApp:
         return self._answer(merge_items(route.model_id, done.parts(), done.expected,
                                         done.failures()), route, done)
 
+    async def tokenize(self, model: str, req: TokenizeRequest, call: InferenceCall
+                       ) -> Answer:
+        """A worker of the model's pool tokenizes (a work item of task ``tokenize``): the
+        gateway has no tokenizer. Every family has one, so no task is checked."""
+        route = self._detected(self.pools.route(call.headers, self.registry.resolve(model)))
+        done = await self._dispatch(route, "tokenize", req.to_wire(), req.items, req.options,
+                                    call)
+        return self._answer(merge_items(route.model_id, done.parts(), done.expected), route,
+                            done)
+
+    async def decode(self, model: str, req: DecodeRequest, call: InferenceCall) -> Answer:
+        route = self._detected(self.pools.route(call.headers, self.registry.resolve(model)))
+        done = await self._dispatch(route, "decode", req.to_wire(), req.size_items(),
+                                    req.options, call)
+        return self._answer(merge_items(route.model_id, done.parts(), done.expected), route,
+                            done)
+
     async def provision(self, model: str, call: InferenceCall) -> Answer:
         """Is there capacity for the model in its pool (or X-Heron-Pool's)? 200 when a
         healthy worker has it ready, 503 MODEL_LOADING while the pool's workers have not,
@@ -378,7 +396,9 @@ class GatewayApp:
         app = build_inference_app(self, title="Heron gateway", lifespan=self.lifespan,
                                   extra_routes=routes, extra_operations=GATEWAY_OPERATIONS,
                                   max_in_flight=self.settings.max_concurrent_requests,
-                                  max_body_bytes=self.settings.max_body_bytes)
+                                  max_body_bytes=self.settings.max_body_bytes,
+                                  default_model=self.settings.default_model,
+                                  cors_origins=self.settings.cors_origins)
         app.state.gateway = self  # tests and `heron up` reach the live object through here
         return app
 

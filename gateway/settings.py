@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from heron.runtime.settings import WorkStreamSettings, setting
+from heron.runtime.settings import InferenceServerSettings, setting
 from heron_sdk.types import MAX_BODY_BYTES
 
 # Work item size bounds; heron.runtime.nats_names holds the same numbers
@@ -17,9 +17,10 @@ MAX_TOKENS_PER_WORK_ITEM = 8192  # estimated at the gateway as characters / 4
 
 
 @dataclass(frozen=True, slots=True)
-class GatewaySettings(WorkStreamSettings):
+class GatewaySettings(InferenceServerSettings):
     """The gateway's knobs. The work stream's (``stream_*``, inherited) are shared with the
-    workers, which declare the same streams."""
+    workers, which declare the same streams; the HTTP API's (``default_model``,
+    ``cors_origins``, inherited) are every inference server's."""
 
     env_prefix: ClassVar[str] = "HERON_GATEWAY_"
 

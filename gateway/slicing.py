@@ -41,7 +41,15 @@ def estimate_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
 
 
+def item_tokens(item: Item) -> int:
+    """An item's estimated tokens: counted when it is given as token ids."""
+    return len(item.tokens) + 2 if item.tokens is not None else estimate_tokens(item.text)
+
+
 def item_bytes(item: Item) -> int:
+    if item.tokens is not None:  # msgpack ints: 1 to 5 bytes each
+        size = 5 * len(item.tokens) + ITEM_OVERHEAD_BYTES
+        return size if item.id is None else size + len(item.id.encode())
     size = len(item.text.encode()) + ITEM_OVERHEAD_BYTES
     return size if item.id is None else size + len(item.id.encode())
 
@@ -65,19 +73,19 @@ def plan_slices(items: Sequence[Item], *, max_items: int, max_tokens: int, max_p
     slices: list[Slice] = []
     start = count = tokens = size = 0
     for index, item in enumerate(items):
-        item_tokens = estimate_tokens(item.text) + shared_tokens
+        tokens_here = item_tokens(item) + shared_tokens
         item_size = item_bytes(item)
         if item_size > budget:
             raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
                              f"items[{index}]: {item_size} bytes is over the cluster's "
                              f"per-message limit of {budget} bytes (NATS max_payload)",
                              field=f"items[{index}]")
-        if count and (count >= per_slice or tokens + item_tokens > max_tokens
+        if count and (count >= per_slice or tokens + tokens_here > max_tokens
                       or size + item_size > budget):
             slices.append(Slice(start, count))
             start, count, tokens, size = index, 0, 0, 0
         count += 1
-        tokens += item_tokens
+        tokens += tokens_here
         size += item_size
     slices.append(Slice(start, count))
     return slices

@@ -15,6 +15,7 @@ from heron_sdk.errors import (
 )
 from heron_sdk.results import (
     Embedding,
+    EncodedChunk,
     EncodeResult,
     Entity,
     ExtractedItem,
@@ -26,7 +27,7 @@ from heron_sdk.results import (
 from heron_sdk.types import EncodeRequest, ExtractRequest, Item, ScoreRequest
 
 __all__ = ["AsyncClient", "AsyncPool", "Client", "ConnectionError", "Embedding",
-           "EncodeRequest", "EncodeResult", "Entity", "ErrorCode", "ExtractRequest",
-           "ExtractResult", "ExtractedItem", "HeronError", "Item", "ModelNotFound", "Pool",
-           "PoolError", "ProvisioningTimeout", "RequestError", "ScoreRequest", "ScoreResult",
-           "ScoredItem", "ServerError", "SparseVector"]
+           "EncodeRequest", "EncodeResult", "EncodedChunk", "Entity", "ErrorCode",
+           "ExtractRequest", "ExtractResult", "ExtractedItem", "HeronError", "Item",
+           "ModelNotFound", "Pool", "PoolError", "ProvisioningTimeout", "RequestError",
+           "ScoreRequest", "ScoreResult", "ScoredItem", "ServerError", "SparseVector"]

@@ -1,11 +1,12 @@
 """``AsyncClient``: the ``Client`` API for asyncio. The chunks of a split call run
-concurrently (a few at a time); pool leases renew in a task."""
+concurrently (a few at a time), ``encode_stream`` runs its requests as tasks
+(sdk/streaming.py); pool leases renew in a task."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Generator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Generator, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -26,7 +27,8 @@ from heron_sdk.calls import (
 from heron_sdk.client import PoolLeaseState, _builder, default_url
 from heron_sdk.errors import HeronError, PoolError
 from heron_sdk.pools import DEFAULT_TTL_S
-from heron_sdk.results import EncodeResult, ExtractResult, ScoreResult
+from heron_sdk.results import EncodedChunk, EncodeResult, ExtractResult, ScoreResult
+from heron_sdk.streaming import DEFAULT_MAX_IN_FLIGHT, EncodeStream, ProgressBar
 
 # Chunks of one split call in flight at once: enough to keep a server busy, not a flood.
 MAX_CONCURRENT_CHUNKS = 4
@@ -90,9 +92,30 @@ class AsyncClient:
         return calls.finish(await asyncio.gather(*(one(c) for c in calls.calls)))
 
     # ---- inference -------------------------------------------------------------------------
-    async def encode(self, model: str, items: Sequence[ItemLike] | str,
+    async def encode(self, model: str,
+                     items: Iterable[ItemLike] | AsyncIterable[ItemLike] | str, *,
+                     progress: bool | ProgressBar = False,
                      **options: Unpack[EncodeOptions]) -> EncodeResult:
-        return await self._run_split(self._b.encode(model, items, options))
+        """See ``Client.encode``; ``items`` may also be an async iterable."""
+        if isinstance(items, str | Sequence) and not progress:
+            return await self._run_split(self._b.encode(model, items, options))
+        return EncodeResult.joined([chunk.result async for chunk in self.encode_stream(
+            model, items, progress=progress, **options)])
+
+    def encode_stream(self, model: str,
+                      items: Iterable[ItemLike] | AsyncIterable[ItemLike] | str, *,
+                      chunk_size: int | None = None,
+                      max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                      progress: bool | ProgressBar = False, total: int | None = None,
+                      **options: Unpack[EncodeOptions]) -> AsyncIterator[EncodedChunk]:
+        """``async for chunk in client.encode_stream(model, items): ...`` (see
+        ``Client.encode_stream``): up to ``max_in_flight`` requests run as tasks, and
+        stopping early (``break`` inside ``contextlib.aclosing``, or an error) cancels the
+        rest. ``items`` may be an iterable or an async iterable."""
+        stream = EncodeStream(self._b, model, items, chunk_size=chunk_size,
+                              max_in_flight=max_in_flight, progress=progress, total=total,
+                              options=options)
+        return stream.run_async(self._run_split)
 
     async def score(self, model: str, query: str, items: Sequence[ItemLike],
                     **options: Unpack[ScoreOptions]) -> ScoreResult:
@@ -184,9 +207,22 @@ class AsyncPool(PoolLeaseState):
     async def info(self) -> dict[str, Any]:
         return await self.client.get_pool(self.name)
 
-    async def encode(self, model: str, items: Sequence[ItemLike] | str,
+    async def encode(self, model: str,
+                     items: Iterable[ItemLike] | AsyncIterable[ItemLike] | str, *,
+                     progress: bool | ProgressBar = False,
                      **options: Unpack[EncodeOptions]) -> EncodeResult:
-        return await self.client.encode(model, items, **{**options, "pool": self.name})
+        return await self.client.encode(model, items, progress=progress,
+                                        **{**options, "pool": self.name})
+
+    def encode_stream(self, model: str,
+                      items: Iterable[ItemLike] | AsyncIterable[ItemLike] | str, *,
+                      chunk_size: int | None = None,
+                      max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                      progress: bool | ProgressBar = False, total: int | None = None,
+                      **options: Unpack[EncodeOptions]) -> AsyncIterator[EncodedChunk]:
+        return self.client.encode_stream(model, items, chunk_size=chunk_size,
+                                         max_in_flight=max_in_flight, progress=progress,
+                                         total=total, **{**options, "pool": self.name})
 
     async def score(self, model: str, query: str, items: Sequence[ItemLike],
                     **options: Unpack[ScoreOptions]) -> ScoreResult:

@@ -242,10 +242,14 @@ class EncodeOptions(CallOptions):
     dims: NotRequired[int | None]
     is_query: NotRequired[bool]
     instruction: NotRequired[str | None]
+    # "query", "document" (or Cohere's search_query, search_document, classification,
+    # clustering): the model's own prompt for that side; instead of is_query.
+    input_type: NotRequired[str | None]
 
 
 class ScoreOptions(CallOptions):
     top_k: NotRequired[int | None]
+    max_tokens_per_doc: NotRequired[int | None]  # each item cut to this many tokens first
 
 
 class ExtractOptions(CallOptions):
@@ -306,28 +310,30 @@ class CallBuilder:
             return EncodeRequest(
                 items=part, output_types=tuple(opts.get("output_types", ("dense",))),
                 output_dtype=dtype, dims=opts.get("dims"), is_query=opts.get("is_query", False),
-                instruction=opts.get("instruction"), options=options).to_wire()
+                instruction=opts.get("instruction"), input_type=opts.get("input_type"),
+                options=options).to_wire()
 
-        _check_keys(opts, EncodeOptions)
+        check_keys(opts, EncodeOptions)
         dtype = opts.get("output_dtype", "float32")
         return self._split("encode", model, items, body, opts, output_dtype=dtype)
 
     def score(self, model: str, query: str, items: Sequence[ItemLike],
               opts: ScoreOptions) -> tuple[SplitCall, CallPolicy]:
-        _check_keys(opts, ScoreOptions)
+        check_keys(opts, ScoreOptions)
         top_k = opts.get("top_k")
         pieces = len(chunks(as_items(items), self.max_items, self.max_chunk_bytes))
 
         def body(part: list[Item], options: RequestOptions) -> dict[str, Any]:
             # top_k applies to the whole call: with several chunks, after the merge.
             return ScoreRequest(query=query, items=part, top_k=top_k if pieces == 1 else None,
+                                max_tokens_per_doc=opts.get("max_tokens_per_doc"),
                                 options=options).to_wire()
 
         return self._split("score", model, items, body, opts, top_k=top_k)
 
     def extract(self, model: str, items: Sequence[ItemLike] | str,
                 opts: ExtractOptions) -> tuple[SplitCall, CallPolicy]:
-        _check_keys(opts, ExtractOptions)
+        check_keys(opts, ExtractOptions)
         labels = opts.get("labels")
 
         def body(part: list[Item], options: RequestOptions) -> dict[str, Any]:
@@ -341,7 +347,7 @@ class CallBuilder:
         return wire.encode(body, self.fmt)
 
 
-def _check_keys(opts: Mapping[str, Any], options: type) -> None:
+def check_keys(opts: Mapping[str, Any], options: type) -> None:
     unknown = set(opts) - set(options.__annotations__) - set(CallOptions.__annotations__)
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")

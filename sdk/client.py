@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -36,7 +36,8 @@ from heron_sdk.calls import (
 )
 from heron_sdk.errors import HeronError, PoolError
 from heron_sdk.pools import DEFAULT_TTL_S
-from heron_sdk.results import EncodeResult, ExtractResult, ScoreResult
+from heron_sdk.results import EncodedChunk, EncodeResult, ExtractResult, ScoreResult
+from heron_sdk.streaming import DEFAULT_MAX_IN_FLIGHT, EncodeStream, ProgressBar
 
 log = logging.getLogger("heron.sdk")
 
@@ -105,10 +106,34 @@ class Client:
         return calls.finish([self._run(call, policy) for call in calls.calls])
 
     # ---- inference -------------------------------------------------------------------------
-    def encode(self, model: str, items: Sequence[ItemLike] | str,
+    def encode(self, model: str, items: Iterable[ItemLike] | str, *,
+               progress: bool | ProgressBar = False,
                **options: Unpack[EncodeOptions]) -> EncodeResult:
-        """Embeddings of ``items`` (strings or ``Item(text, id)``), in order."""
-        return self._run_split(self._b.encode(model, items, options))
+        """Embeddings of ``items`` (strings or ``Item(text, id)``), in order.
+
+        A list (any Sequence) is sent as is, split into requests over the limits. Any
+        other iterable (a generator, ...), or ``progress`` asked for, goes through
+        ``encode_stream`` and is collected: the whole result is held, so for inputs that
+        do not fit in memory use ``encode_stream`` itself."""
+        if isinstance(items, str | Sequence) and not progress:
+            return self._run_split(self._b.encode(model, items, options))
+        return EncodeResult.joined([chunk.result for chunk in self.encode_stream(
+            model, items, progress=progress, **options)])
+
+    def encode_stream(self, model: str, items: Iterable[ItemLike] | str, *,
+                      chunk_size: int | None = None,
+                      max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                      progress: bool | ProgressBar = False, total: int | None = None,
+                      **options: Unpack[EncodeOptions]) -> Iterator[EncodedChunk]:
+        """Embeddings of any iterable, read lazily, ``chunk_size`` items a request (default:
+        the most a request may hold) with at most ``max_in_flight`` chunks read and not
+        yet handed back; ``EncodedChunk``s in input order. ``progress=True`` shows a tqdm
+        bar (``total`` sizes it when ``items`` has no length). On an error, every chunk
+        before it is handed back and then it is raised (see docs/sdk.md)."""
+        stream = EncodeStream(self._b, model, items, chunk_size=chunk_size,
+                              max_in_flight=max_in_flight, progress=progress, total=total,
+                              options=options)
+        return stream.run_sync(self._run_split)
 
     def score(self, model: str, query: str, items: Sequence[ItemLike],
               **options: Unpack[ScoreOptions]) -> ScoreResult:
@@ -250,9 +275,20 @@ class Pool(PoolLeaseState):
     def info(self) -> dict[str, Any]:
         return self.client.get_pool(self.name)
 
-    def encode(self, model: str, items: Sequence[ItemLike] | str,
+    def encode(self, model: str, items: Iterable[ItemLike] | str, *,
+               progress: bool | ProgressBar = False,
                **options: Unpack[EncodeOptions]) -> EncodeResult:
-        return self.client.encode(model, items, **{**options, "pool": self.name})
+        return self.client.encode(model, items, progress=progress,
+                                  **{**options, "pool": self.name})
+
+    def encode_stream(self, model: str, items: Iterable[ItemLike] | str, *,
+                      chunk_size: int | None = None,
+                      max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+                      progress: bool | ProgressBar = False, total: int | None = None,
+                      **options: Unpack[EncodeOptions]) -> Iterator[EncodedChunk]:
+        return self.client.encode_stream(model, items, chunk_size=chunk_size,
+                                         max_in_flight=max_in_flight, progress=progress,
+                                         total=total, **{**options, "pool": self.name})
 
     def score(self, model: str, query: str, items: Sequence[ItemLike],
               **options: Unpack[ScoreOptions]) -> ScoreResult:

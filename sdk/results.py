@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from heron_sdk.errors import HeronError, ServerError, error_for_status
-from heron_sdk.types import Entity, SparseVector
+from heron_sdk.types import Entity, Item, SparseVector
 
 # output_dtype -> the numpy dtype its arrays arrive in ("binary" is packed sign bits)
 ARRAY_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8,
@@ -115,6 +115,44 @@ class EncodeResult(_Items):
         if any(item.dense is None for item in self.items):
             raise ValueError("this result has no dense output; ask for output_types=['dense']")
         return np.stack([item.dense for item in self.items])  # type: ignore[misc]
+
+    @classmethod
+    def joined(cls, parts: Sequence[EncodeResult]) -> EncodeResult:
+        """One result from the results of consecutive chunks of one input, in order."""
+        if not parts:
+            raise ValueError("items must not be empty")
+        raw = merge_bodies("encode", [p.raw for p in parts], [0] * len(parts))
+        return cls(model=parts[0].model, items=[e for p in parts for e in p.items],
+                   tokens=sum(p.tokens for p in parts), raw=raw)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedChunk:
+    """One request's worth of a bulk encode (``encode_stream``): the inputs
+    ``items[offset:offset + len(chunk)]`` of the stream, and what came back for them."""
+
+    offset: int  # input position of the chunk's first item
+    inputs: list[Item]  # what was sent (strings as Item(text))
+    result: EncodeResult  # one Embedding per input, in order
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __iter__(self) -> Iterator[Embedding]:
+        return iter(self.result.items)
+
+    def __getitem__(self, index: int) -> Embedding:
+        return self.result.items[index]
+
+    @property
+    def dense(self) -> np.ndarray:
+        """The chunk's dense vectors as one [items, dim] array (see ``EncodeResult``)."""
+        return self.result.dense
+
+    @property
+    def positions(self) -> range:
+        """The input positions of the chunk's items."""
+        return range(self.offset, self.offset + len(self.inputs))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import reprlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,10 +40,18 @@ MIN_TIMEOUT_S = 0.001
 # otherwise be dropped without a word and the request answered as if it were not there).
 OPTION_FIELDS = frozenset({"truncate", "priority", "timeout_s", "encoding"})
 ENCODE_FIELDS = OPTION_FIELDS | {"items", "output_types", "output_dtype", "dims", "is_query",
-                                 "instruction"}
-SCORE_FIELDS = OPTION_FIELDS | {"query", "items", "top_k"}
+                                 "instruction", "input_type"}
+SCORE_FIELDS = OPTION_FIELDS | {"query", "items", "top_k", "max_tokens_per_doc"}
+# Which side of a search a text is on, in the names other APIs use (Cohere's search_query,
+# search_document, classification and clustering; Voyage's and Jina's query and document):
+# value -> the side it encodes as. classification and clustering take the checkpoint's prompt
+# of that name when it has one, else the document side (heron.worker.adapters.base).
+INPUT_TYPES: dict[str, str] = {"query": "query", "search_query": "query",
+                               "document": "document", "search_document": "document",
+                               "classification": "document", "clustering": "document"}
 EXTRACT_FIELDS = OPTION_FIELDS | {"items", "labels", "threshold"}
 ITEM_FIELDS = frozenset({"text", "id"})
+TOKEN_ITEM_FIELDS = ITEM_FIELDS | {"tokens"}  # encode's items may carry token ids instead
 
 # A client's value as error messages show it: bounded in length and depth, whatever it is.
 _SHOWN = reprlib.Repr()  # (keyword arguments only from Python 3.12)
@@ -75,14 +83,27 @@ def check_finite(value: Any, name: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Item:
+    """A text, or (encode only) the model's own token ids in place of a text: OpenAI's
+    token-id input. The server adds the model's special tokens around them."""
+
     text: str
     id: str | None = None
+    tokens: tuple[int, ...] | None = None  # then ``text`` is ""
 
     def to_wire(self) -> dict[str, Any] | str:
+        if self.tokens is not None:
+            out: dict[str, Any] = {"tokens": list(self.tokens)}
+            return out if self.id is None else {**out, "id": self.id}
         return self.text if self.id is None else {"text": self.text, "id": self.id}
 
+    @classmethod
+    def of_tokens(cls, tokens: Sequence[int], id: str | None = None) -> Item:
+        return cls("", id, tuple(tokens))
 
-def _parse_items(body: Mapping[str, Any], name: str = "items") -> list[Item]:
+
+def _parse_items(body: Mapping[str, Any], name: str = "items", *,
+                 tokens: bool = False) -> list[Item]:
+    """``tokens``: items may be ``{"tokens": [ids]}`` (encode only)."""
     raw = body.get(name)
     if raw is None:
         raise invalid_field(name, "is required")
@@ -102,19 +123,41 @@ def _parse_items(body: Mapping[str, Any], name: str = "items") -> list[Item]:
         if isinstance(entry, str):
             items.append(Item(check_text(entry, f"{name}[{i}]")))
         elif isinstance(entry, Mapping):
-            check_fields(entry, ITEM_FIELDS, f"{name}[{i}]")
-            text = entry.get("text")
-            if not isinstance(text, str):
-                raise invalid_field(f"{name}[{i}].text", "is required and must be a string")
+            check_fields(entry, TOKEN_ITEM_FIELDS if tokens else ITEM_FIELDS, f"{name}[{i}]")
             item_id = integral(entry.get("id"))
             if item_id is not None and (isinstance(item_id, bool)
                                         or not isinstance(item_id, str | int)):
                 raise invalid_field(f"{name}[{i}].id", "must be a string or an integer")
-            items.append(Item(check_text(text, f"{name}[{i}].text"),
-                              None if item_id is None else str(item_id)))
+            item_id = None if item_id is None else str(item_id)
+            if tokens and "tokens" in entry:
+                if "text" in entry:
+                    raise invalid_field(f"{name}[{i}]", "takes text or tokens, not both")
+                items.append(Item.of_tokens(check_token_ids(entry["tokens"],
+                                                            f"{name}[{i}].tokens"), item_id))
+                continue
+            text = entry.get("text")
+            if not isinstance(text, str):
+                raise invalid_field(f"{name}[{i}].text", "is required and must be a string")
+            items.append(Item(check_text(text, f"{name}[{i}].text"), item_id))
         else:
             raise invalid_field(f"{name}[{i}]", "must be a string or a {text, id} object")
     return items
+
+
+def check_token_ids(ids: Any, name: str) -> list[int]:
+    """A non-empty list of token ids (integers from 0 to MAX_INTEGER; the worker checks them
+    against the model's vocabulary), at most MAX_TEXT_CHARS of them."""
+    if not isinstance(ids, list) or not ids:
+        raise invalid_field(name, "must be a non-empty list of token ids")
+    if len(ids) > MAX_TEXT_CHARS:
+        raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
+                         f"{name}: {len(ids)} token ids is over {MAX_TEXT_CHARS}", field=name)
+    out = [integral(t) for t in ids]
+    for t in out:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_INTEGER:
+            raise invalid_field(name, f"must hold token ids (integers from 0 to "
+                                f"{MAX_INTEGER}); got {shown(t)}")
+    return out
 
 
 def check_text(text: str, name: str) -> str:
@@ -201,6 +244,7 @@ class EncodeRequest:
     is_query: bool = False
     instruction: str | None = None
     options: RequestOptions = field(default_factory=RequestOptions)
+    input_type: str | None = None  # an INPUT_TYPES key; sets is_query
 
     @classmethod
     def from_wire(cls, body: Any) -> EncodeRequest:
@@ -222,25 +266,36 @@ class EncodeRequest:
         dims = _opt(body, "dims", int, None)
         if dims is not None and dims <= 0:
             raise invalid_field("dims", "must be a positive integer")
+        is_query = _opt(body, "is_query", bool, False)
+        input_type = _opt(body, "input_type", str, None)
+        if input_type is not None:  # it decides the side; is_query is then not read
+            side = INPUT_TYPES.get(input_type)
+            if side is None:
+                raise invalid_field("input_type", f"must be one of {list(INPUT_TYPES)}")
+            is_query = side == "query"
         return cls(
-            items=_parse_items(body),
+            items=_parse_items(body, tokens=True),
             output_types=tuple(dict.fromkeys(output_types)),
             output_dtype=output_dtype,
             dims=dims,
-            is_query=_opt(body, "is_query", bool, False),
+            is_query=is_query,
             instruction=_opt(body, "instruction", str, None),
+            input_type=input_type,
             options=RequestOptions.from_wire(body),
         )
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"items": [i.to_wire() for i in self.items],
                                "output_types": list(self.output_types),
-                               "output_dtype": self.output_dtype, "is_query": self.is_query,
-                               **self.options.to_wire()}
+                               "output_dtype": self.output_dtype, **self.options.to_wire()}
+        if self.input_type is None:  # else the side is input_type's
+            out["is_query"] = self.is_query
         if self.dims is not None:
             out["dims"] = self.dims
         if self.instruction is not None:
             out["instruction"] = self.instruction
+        if self.input_type is not None:
+            out["input_type"] = self.input_type
         return out
 
 
@@ -250,6 +305,9 @@ class ScoreRequest:
     items: list[Item]
     top_k: int | None = None
     options: RequestOptions = field(default_factory=RequestOptions)
+    # Each item is cut to this many tokens first (Cohere's max_tokens_per_doc); the
+    # model's own limit applies on top.
+    max_tokens_per_doc: int | None = None
 
     @classmethod
     def from_wire(cls, body: Any) -> ScoreRequest:
@@ -261,14 +319,19 @@ class ScoreRequest:
         top_k = _opt(body, "top_k", int, None)
         if top_k is not None and top_k <= 0:
             raise invalid_field("top_k", "must be a positive integer")
+        max_tokens = _opt(body, "max_tokens_per_doc", int, None)
+        if max_tokens is not None and max_tokens <= 0:
+            raise invalid_field("max_tokens_per_doc", "must be a positive integer")
         return cls(query=check_text(query, "query"), items=_parse_items(body), top_k=top_k,
-                   options=RequestOptions.from_wire(body))
+                   max_tokens_per_doc=max_tokens, options=RequestOptions.from_wire(body))
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"query": self.query, "items": [i.to_wire() for i in self.items],
                                **self.options.to_wire()}
         if self.top_k is not None:
             out["top_k"] = self.top_k
+        if self.max_tokens_per_doc is not None:
+            out["max_tokens_per_doc"] = self.max_tokens_per_doc
         return out
 
 

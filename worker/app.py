@@ -28,11 +28,13 @@ from heron.runtime.backend import (
 from heron.runtime.inference_app import build_inference_app
 from heron.runtime.logs import adopt_library_logs
 from heron.runtime.modelconfig import Bundle, ModelConfig
+from heron.runtime.token_calls import DecodeRequest, TokenizeRequest
 from heron.worker.cluster import WorkerCluster
 from heron.worker.metrics import WorkerMetrics, mark_process_dead, multiprocess_dir
 from heron.worker.registry import LoadState, ModelEntry, ModelRegistry
 from heron.worker.service import InferenceService, Outcome
 from heron.worker.settings import WorkerSettings
+from heron.worker.tokens import TokenService
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.types import EncodeRequest, ExtractRequest, RequestOptions, ScoreRequest
 
@@ -77,6 +79,7 @@ class LocalBackend:
                                       on_load=self.metrics.observe_load,
                                       inference_cpus=inference_cpus)
         self.service = InferenceService(self.registry, on_phases=self.metrics.observe_phases)
+        self.tokens = TokenService(self.registry)
         self.queue = queue
         self.settings = settings or WorkerSettings.from_env()
         self.cluster: WorkerCluster | None = None
@@ -136,6 +139,15 @@ class LocalBackend:
     async def extract(self, model: str, req: ExtractRequest, call: InferenceCall) -> Answer:
         self._deadline(model, req.options, call)
         return _answer(await self.service.extract(model, req))
+
+    async def tokenize(self, model: str, req: TokenizeRequest, call: InferenceCall
+                       ) -> Answer:
+        self._deadline(model, req.options, call)
+        return _answer(await self.tokens.tokenize(model, req))
+
+    async def decode(self, model: str, req: DecodeRequest, call: InferenceCall) -> Answer:
+        self._deadline(model, req.options, call)
+        return _answer(await self.tokens.decode(model, req))
 
     async def provision(self, model: str, call: InferenceCall) -> Answer:
         """The capacity probe the SDK's ``wait_for_capacity`` polls: 200 once the model is
@@ -208,7 +220,9 @@ class LocalBackend:
 
     def build(self) -> Starlette:
         return build_inference_app(self, title="Heron", lifespan=self.lifespan,
-                                   max_body_bytes=self.settings.max_body_bytes)
+                                   max_body_bytes=self.settings.max_body_bytes,
+                                   default_model=self.settings.default_model,
+                                   cors_origins=self.settings.cors_origins)
 
 
 def create_app(bundle: Bundle, *, device: str | None = None, precision: str | None = None,

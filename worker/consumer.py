@@ -1,5 +1,6 @@
 """WorkConsumer: the worker's queue mode. Pulls work items from the pool's durable JetStream
-consumer and feeds them through the same InferenceService (and batcher) as the HTTP API.
+consumer and feeds them through the same InferenceService (and batcher) as the HTTP API
+(``tokenize`` and ``decode`` items, the TEI routes' tokenizer calls, through TokenService).
 
 Delivery rules (names in heron/runtime/nats_names.py; the messages, WorkItemHeaders in and
 WorkResult out, in heron/runtime/protocol.py):
@@ -45,10 +46,12 @@ from heron.runtime.nats_names import (
     work_stream,
 )
 from heron.runtime.protocol import ProtocolError, WorkItemHeaders, WorkResult
+from heron.runtime.token_calls import DecodeRequest, TokenizeRequest
 from heron.worker.gateway_inboxes import Delivery, GatewayInboxes
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.service import InferenceService, Outcome
 from heron.worker.settings import CPU_FETCH_LOOKAHEAD
+from heron.worker.tokens import TOKEN_TASKS, TokenService
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
@@ -56,7 +59,9 @@ from heron_sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
 log = logging.getLogger("heron.worker.consumer")
 
 _PARSERS = {"encode": EncodeRequest.from_wire, "score": ScoreRequest.from_wire,
-            "extract": ExtractRequest.from_wire}
+            "extract": ExtractRequest.from_wire,
+            # the tokenizer calls (heron.worker.tokens): no forward pass, no batching
+            "tokenize": TokenizeRequest.from_wire, "decode": DecodeRequest.from_wire}
 _RETRY_LATER = (ErrorCode.MODEL_LOADING, ErrorCode.QUEUE_FULL)
 _RETRIED = 102  # an item nak'ed to run later (model loading, queue full): not an error yet
 _TERMINATED = 499  # its gateway is gone: nobody to answer (nginx's "client closed request")
@@ -128,6 +133,7 @@ class WorkConsumer:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.service = service
+        self._tokens: TokenService | None = None  # made on the first tokenizer call
         self.spec = spec
         self.fetch_batch = fetch_batch
         self.max_in_flight = max_in_flight
@@ -392,6 +398,10 @@ class WorkConsumer:
             request.options.priority = item.priority
         if item.deadline is not None:  # the batcher drops it if it expires while queued
             request.options.timeout_s = max(0.001, item.deadline - time.time())
+        if item.task in TOKEN_TASKS:  # tokenize | decode
+            if self._tokens is None:
+                self._tokens = TokenService(self.service.registry)
+            return await getattr(self._tokens, item.task)(item.model, request)
         call = getattr(self.service, item.task)  # encode | score | extract, checked above
         return await call(item.model, request)
 

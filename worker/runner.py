@@ -94,7 +94,8 @@ class ModelRunner:
     async def tokenize(self, inputs: list[TextInput], query: bool = False,
                        prompt: str = "") -> list[Tokenized]:
         if len(inputs) <= INLINE_TOKENIZE_ITEMS and sum(
-                len(x) if isinstance(x, str) else len(x[0]) + len(x[1]) for x in inputs
+                len(x) if isinstance(x, str) else len(x[0]) + len(x[1])
+                if isinstance(x, tuple) else 0 for x in inputs  # token ids: nothing to do
         ) <= INLINE_TOKENIZE_CHARS:
             tokens = self.adapter.tokenize_now(inputs, query, prompt)
             if tokens is not None:
@@ -102,6 +103,11 @@ class ModelRunner:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, self.adapter.tokenize, inputs,
                                           query, prompt)
+
+    async def clip(self, texts: list[str], max_tokens: int) -> tuple[list[str], set[int]]:
+        """``adapter.clip`` on the tokenizer pool (documents may be long)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._tokenize_pool, self.adapter.clip, texts, max_tokens)
 
     async def infer(self, items: list[Tokenized], *, priority: int = 0,
                     deadline: float | None = None) -> list[ItemResult]:

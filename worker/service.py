@@ -18,7 +18,7 @@ import numpy as np
 
 from heron.runtime import telemetry
 from heron.runtime.http import server_timing
-from heron.worker.adapters import TextInput, Tokenized
+from heron.worker.adapters import Adapter, TextInput, TokenIds, Tokenized
 from heron.worker.outputs import quantize, truncate_dims
 from heron.worker.registry import ModelEntry, ModelRegistry
 from heron.worker.runner import ItemResult, ModelRunner
@@ -62,6 +62,32 @@ class Outcome:
     body: dict[str, Any]
     timings: Timings
     model: str
+
+
+def encode_inputs(adapter: Adapter, req: EncodeRequest) -> list[TextInput]:
+    """The texts of ``req``, with items given as token ids checked against the model (422
+    naming the item: a coalesced neighbour's items are not this request's fault)."""
+    if all(i.tokens is None for i in req.items):
+        return [i.text for i in req.items]
+    inputs: list[TextInput] = []
+    vocab = adapter.vocab_size
+    for n, item in enumerate(req.items):
+        if item.tokens is None:
+            inputs.append(item.text)
+            continue
+        if not adapter.accepts_token_ids:
+            raise HeronError(ErrorCode.INVALID_FIELD,
+                             f"items[{n}].tokens: model {adapter.config.id} takes texts only "
+                             f"({adapter.name} models tokenize in their own way)",
+                             field=f"items[{n}].tokens")
+        bad = next((t for t in item.tokens if t >= vocab), None)
+        if bad is not None:
+            raise HeronError(ErrorCode.INVALID_FIELD,
+                             f"items[{n}].tokens: token id {bad} is outside model "
+                             f"{adapter.config.id}'s vocabulary of {vocab}",
+                             field=f"items[{n}].tokens")
+        inputs.append(TokenIds(item.tokens))
+    return inputs
 
 
 class InferenceService:
@@ -165,9 +191,9 @@ class InferenceService:
             raise HeronError(ErrorCode.INVALID_FIELD,
                              f"dims: {req.dims} is more than the model's {width} dimensions",
                              field="dims")
-        prompt = runner.adapter.prompt(req.is_query, req.instruction)
+        prompt = runner.adapter.prompt(req.is_query, req.instruction, req.input_type)
         timings = Timings()
-        tokens, results = await self._run(runner, [i.text for i in req.items], req.options,
+        tokens, results = await self._run(runner, encode_inputs(runner.adapter, req), req.options,
                                           timings, queries=len(req.items) if req.is_query else 0,
                                           prompts=(prompt, prompt))
         postprocess_started = time.monotonic()
@@ -202,15 +228,19 @@ class InferenceService:
     async def score(self, model: str, req: ScoreRequest) -> Outcome:
         entry, runner = await self._runner_for(model, "score")
         timings = Timings()
+        docs, clipped = [i.text for i in req.items], set[int]()
+        cap = req.max_tokens_per_doc
+        if cap is not None and cap < runner.adapter.max_length:  # else the model's cut is it
+            docs, clipped = await runner.clip(docs, cap)
         if runner.adapter.task == "score":
             tokens, results = await self._run(
-                runner, [(req.query, i.text) for i in req.items], req.options, timings)
+                runner, [(req.query, d) for d in docs], req.options, timings)
             postprocess_started = time.monotonic()
             scores = [float(r.value) for r in results]
             usage_tokens = sum(t.length for t in tokens)
         else:  # bi-encoder: the query's embedding against each item's
             adapter = runner.adapter
-            inputs = [req.query, *(i.text for i in req.items)]
+            inputs = [req.query, *docs]
             tokens, results = await self._run(runner, inputs, req.options, timings, queries=1,
                                               prompts=(adapter.prompt(True),
                                                        adapter.prompt(False)))
@@ -226,7 +256,7 @@ class InferenceService:
             row: dict[str, Any] = {"index": index, "score": scores[index], "rank": rank}
             if req.items[index].id is not None:
                 row["id"] = req.items[index].id
-            if tokens[index].truncated:
+            if tokens[index].truncated or index in clipped:
                 row["truncated"] = True
             ranked.append(row)
         body = {"model": entry.config.id, "results": ranked, "usage": {"tokens": usage_tokens}}

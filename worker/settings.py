@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from heron.runtime.settings import WorkStreamSettings, setting
+from heron.runtime.settings import InferenceServerSettings, setting
 from heron_sdk.types import MAX_BODY_BYTES
 
 # Queue mode: items held beyond the running forward pass. 16 on CPU (measured, see
@@ -27,9 +27,10 @@ GPU_FETCH_LOOKAHEAD = 128
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerSettings(WorkStreamSettings):
+class WorkerSettings(InferenceServerSettings):
     """The worker's knobs. The work stream's (``stream_*``, inherited) must match the
-    gateway's: both declare the pool's stream and consumer."""
+    gateway's: both declare the pool's stream and consumer; the HTTP API's
+    (``default_model``, ``cors_origins``, inherited) are every inference server's."""
 
     env_prefix: ClassVar[str] = "HERON_WORKER_"
 

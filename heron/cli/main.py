@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from heron import __version__
 from heron.cli.catalog import add_catalog_flags
 from heron.cli.client import add_client_commands
 from heron.cli.up import add_up_parser
@@ -324,6 +325,8 @@ def _add_nats_argument(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="heron", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"heron {__version__}",
+                        help="print the version (GET /info on every server reports it too)")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="single-node server: one worker with its HTTP API")
     _add_worker_args(serve, 8080)

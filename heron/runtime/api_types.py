@@ -36,8 +36,28 @@ Items = Annotated[list[Text | ItemObject], schema(
     minItems=1, maxItems=MAX_ITEMS_PER_REQUEST,
     description=f"1 to {MAX_ITEMS_PER_REQUEST} texts: strings or {{text, id}} objects "
                 "(413 TOO_MANY_ITEMS past the limit).")]
+
+
+@closed
+class TokensObject(TypedDict):
+    """An item given as the model's own token ids (no special tokens: the server adds the
+    model's), in place of a text; encode only."""
+
+    tokens: TokenIds
+    id: NotRequired[str | int | None]
+
+
+TokenIds = Annotated[list[Annotated[int, schema(minimum=0, maximum=MAX_INTEGER)]], schema(
+    minItems=1, maxItems=MAX_TEXT_CHARS,
+    description="The model's own token ids for one text, without special tokens.")]
+EncodeItems = Annotated[list[Text | ItemObject | TokensObject], schema(
+    minItems=1, maxItems=MAX_ITEMS_PER_REQUEST,
+    description=f"1 to {MAX_ITEMS_PER_REQUEST} texts: strings, {{text, id}} objects or "
+                "{tokens, id} objects (413 TOO_MANY_ITEMS past the limit).")]
 Encoding = Literal["float", "base64"]
 OutputType = Literal["dense", "sparse", "multi_vector", "muvera"]
+InputType = Literal["query", "document", "search_query", "search_document", "classification",
+                    "clustering"]  # heron_sdk.types.INPUT_TYPES
 OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary"]
 PositiveInt = Annotated[int, schema(minimum=1, maximum=MAX_INTEGER)]
 
@@ -56,13 +76,18 @@ class RequestOptionsBody(TypedDict):
 class EncodeBody(RequestOptionsBody):
     """POST /v1/encode/{model}."""
 
-    items: Items
+    items: EncodeItems
     output_types: NotRequired[Annotated[list[OutputType] | None, schema(
         minItems=1, default=["dense"])]]
     output_dtype: NotRequired[Annotated[OutputDtype | None, schema(default="float32")]]
     dims: NotRequired[PositiveInt | None]
     is_query: NotRequired[Annotated[bool | None, schema(default=False)]]
     instruction: NotRequired[str | None]
+    input_type: NotRequired[Annotated[InputType | None, schema(description=(
+        "The side of a search the texts are on, mapped to the model's own prompts: "
+        "query and search_query encode as queries; document and search_document as "
+        "documents; classification and clustering take the checkpoint's prompt of that "
+        "name, else the document side. Given, it decides the side (is_query is not read)."))]]
 
 
 @closed
@@ -72,6 +97,9 @@ class ScoreBody(RequestOptionsBody):
     query: Text
     items: Items
     top_k: NotRequired[PositiveInt | None]
+    max_tokens_per_doc: NotRequired[Annotated[PositiveInt | None, schema(
+        description="Each item is cut to this many tokens first; the model's own limit "
+                    "applies on top.")]]
 
 
 @closed
@@ -88,11 +116,60 @@ class EmbeddingsBody(TypedDict):
     """POST /v1/embeddings (OpenAI-compatible): OpenAI's fields; ``user`` is not used."""
 
     model: Annotated[str, schema(minLength=1)]
-    input: Text | Annotated[list[Text], schema(minItems=1, maxItems=MAX_ITEMS_PER_REQUEST)]
+    input: (Text | Annotated[list[Text], schema(minItems=1, maxItems=MAX_ITEMS_PER_REQUEST)]
+            | TokenIds | Annotated[list[TokenIds], schema(
+                minItems=1, maxItems=MAX_ITEMS_PER_REQUEST)])
     encoding_format: NotRequired[Annotated[Encoding | None, schema(default="float")]]
     dimensions: NotRequired[PositiveInt | None]
     user: NotRequired[Annotated[str | None, schema(
         description="OpenAI's end-user id: accepted, not used.")]]
+    input_type: NotRequired[Annotated[InputType | None, schema(
+        description="Heron's: the side of a search the texts are on (as on encode); the "
+                    "openai client sends it in extra_body.")]]
+
+
+class RerankDocumentObject(TypedDict):
+    """A document as an object (Cohere v1, Jina): ``text`` is ranked; the other fields come
+    back with it when ``return_documents`` is true."""
+
+    text: Text
+
+
+Documents = Annotated[list[Text], schema(minItems=1, maxItems=10_000)]
+
+
+@closed
+class RerankV2Body(TypedDict):
+    """POST /v2/rerank (Cohere's v2)."""
+
+    model: Annotated[str, schema(minLength=1)]
+    query: Text
+    documents: Documents
+    top_n: NotRequired[PositiveInt | None]
+    return_documents: NotRequired[Annotated[bool | None, schema(default=False)]]
+    max_tokens_per_doc: NotRequired[PositiveInt | None]
+    priority: NotRequired[Annotated[int | None, schema(minimum=0, maximum=MAX_INTEGER,
+                                                          default=0)]]
+
+
+@closed
+class RerankV1Body(TypedDict):
+    """POST /v1/rerank (Cohere's v1, Jina's): documents may be objects with ``text``."""
+
+    model: Annotated[str, schema(minLength=1)]
+    query: Text
+    documents: Annotated[list[Text | RerankDocumentObject], schema(minItems=1,
+                                                                     maxItems=10_000)]
+    top_n: NotRequired[PositiveInt | None]
+    return_documents: NotRequired[Annotated[bool | None, schema(default=False)]]
+    rank_fields: NotRequired[Annotated[list[Literal["text"]] | None, schema(
+        minItems=1, maxItems=1, description="Only ['text'].")]]
+    max_chunks_per_doc: NotRequired[Annotated[Any, schema(
+        description="Accepted; a document is never split (it is cut at the model's "
+                    "limit, or at max_tokens_per_doc).")]]
+    max_tokens_per_doc: NotRequired[PositiveInt | None]
+    priority: NotRequired[Annotated[int | None, schema(minimum=0, maximum=MAX_INTEGER,
+                                                          default=0)]]
 
 
 # ---- inference responses ---------------------------------------------------------------------
@@ -344,6 +421,55 @@ def error_statuses(*statuses: int) -> dict[int, type]:
     if unknown:
         raise ValueError(f"no error code answers {unknown}")
     return dict.fromkeys(statuses, ErrorBody)
+
+
+class RerankResult(TypedDict):
+    index: int
+    relevance_score: float
+    document: NotRequired[dict[str, Any]]
+
+
+class RerankMeta(TypedDict):
+    api_version: dict[str, str]
+    billed_units: dict[str, int]
+
+
+class RerankUsage(TypedDict):
+    total_tokens: int
+    prompt_tokens: int
+
+
+class RerankResponse(TypedDict):
+    """Cohere's rerank answer (on /v1/rerank also Jina's ``model`` and ``usage``)."""
+
+    id: str
+    results: list[RerankResult]
+    meta: RerankMeta
+    model: NotRequired[str]
+    usage: NotRequired[RerankUsage]
+
+
+class RerankErrorBody(TypedDict):
+    """An error on the rerank routes: Cohere's ``message`` and Jina's ``detail`` (the same
+    text), Heron's code lowercased, and the field at fault."""
+
+    message: str
+    detail: str
+    code: str
+    param: str | None
+
+
+class OpenAIErrorDetail(TypedDict):
+    message: str
+    type: str  # invalid_request_error, authentication_error, rate_limit_error, server_error...
+    param: str | None  # the field at fault
+    code: str  # Heron's error code, lowercased
+
+
+class OpenAIErrorBody(TypedDict):
+    """An error on the OpenAI-compatible route, in OpenAI's shape."""
+
+    error: OpenAIErrorDetail
 
 
 # ---- what each inference route answers (ApiOperation.responses) -----------------------------

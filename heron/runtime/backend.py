@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from heron.runtime.adapters import adapter_family
 from heron.runtime.modelconfig import ModelConfig
+from heron.runtime.token_calls import DecodeRequest, TokenizeRequest
 from heron_sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
 
 
@@ -89,6 +90,18 @@ class InferenceBackend(Protocol):
 
     async def extract(self, model: str, req: ExtractRequest, call: InferenceCall
                       ) -> Answer: ...
+
+    async def tokenize(self, model: str, req: TokenizeRequest, call: InferenceCall
+                       ) -> Answer:
+        """The model's tokens of each text (heron.runtime.token_calls), from the model's own
+        tokenizer: the worker's, wherever the model is served (a gateway asks a worker of
+        the pool). The model must be loaded (503 MODEL_LOADING starts its load)."""
+        ...
+
+    async def decode(self, model: str, req: DecodeRequest, call: InferenceCall) -> Answer:
+        """The text of each sequence of token ids (heron.runtime.token_calls); 422 for an id
+        outside the model's vocabulary."""
+        ...
 
     async def provision(self, model: str, call: InferenceCall) -> Answer:
         """200 once the model can serve; else start getting it there (load, or workers)."""

@@ -38,14 +38,18 @@ from heron.runtime.http import (
     server_timing,
     unless_disconnected,
 )
-from heron.runtime.openai_compat import embeddings_response, parse_embeddings_request
+from heron.runtime.openai_compat import (
+    embeddings_response,
+    openai_error,
+    parse_embeddings_request,
+)
 from heron.runtime.openapi import ApiOperation
 from heron.runtime.received import received_at
 from heron.runtime.rerank_api import RERANK_OPERATIONS
 from heron.runtime.tei_api import TEI_OPERATIONS
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
-from heron_sdk.types import MAX_BODY_BYTES, EncodeRequest, ExtractRequest, Item, ScoreRequest
+from heron_sdk.types import MAX_BODY_BYTES, EncodeRequest, ExtractRequest, ScoreRequest
 
 log = logging.getLogger("heron.front")
 
@@ -73,7 +77,8 @@ EXTRACT_OPERATION = ApiOperation(
     response_media=_BODY_MEDIA, auth=True)
 EMBEDDINGS_OPERATION = ApiOperation(  # JSON only, like OpenAI's
     "POST", "/v1/embeddings", "createEmbeddings", "OpenAI-compatible embeddings",
-    "inference", request=api.EmbeddingsBody, responses=api.EMBEDDINGS_RESPONSES, auth=True)
+    "inference", request=api.EmbeddingsBody, responses=api.EMBEDDINGS_RESPONSES, auth=True,
+    dialect_error=api.OpenAIErrorBody)
 LIST_MODELS_OPERATION = ApiOperation(
     "GET", "/v1/models", "listModels", "Every model served, with its state", "models",
     responses=api.MODEL_LIST_RESPONSES, response_media=_BODY_MEDIA, auth=True)
@@ -190,6 +195,19 @@ class InferenceFront:
     def _call(request: Request, all_or_nothing: bool = False) -> InferenceCall:
         return InferenceCall(request.headers, all_or_nothing, received_at(request.scope))
 
+    # ---- for the routes of other APIs (heron.runtime.rerank_api, heron.runtime.tei_api) --
+    def call_of(self, request: Request) -> InferenceCall:
+        """The backend's view of ``request``; every item must succeed (another API's answer
+        has nowhere to put one item's error)."""
+        return self._call(request, all_or_nothing=True)
+
+    async def serve_json(self, request: Request, route_name: str,
+                         handle: Callable[[Any], Awaitable[Answer]],
+                         errors: ErrorShape) -> Response:
+        """``handle``'s answer as JSON, its errors in ``errors``' shape; everything else
+        (metrics, logs, span, Server-Timing, disconnects) as on Heron's own routes."""
+        return await self._serve(request, route_name, handle, json_only=True, errors=errors)
+
     # ---- inference --------------------------------------------------------------------
     async def encode(self, request: Request) -> Response:
         model, call = request.path_params["model"], self._call(request)
@@ -210,15 +228,15 @@ class InferenceFront:
         call = self._call(request, all_or_nothing=True)
 
         async def handle(body: Any) -> Answer:
-            model, texts, encoding, dims = parse_embeddings_request(body)
-            out = await self.backend.encode(
-                model, EncodeRequest(items=[Item(t) for t in texts], dims=dims), call)
+            model, req, encoding = parse_embeddings_request(body)
+            out = await self.backend.encode(model, req, call)
             vectors = [row["dense"] for row in out.body["items"]]
             return Answer(embeddings_response(out.model_id, vectors,
                                               out.body["usage"]["tokens"], encoding),
                           out.model_id, out.phases, out.total_s)
 
-        return await self._serve(request, "embeddings", handle, json_only=True)
+        return await self._serve(request, "embeddings", handle, json_only=True,
+                                 errors=openai_error)
 
     async def provision(self, request: Request) -> Response:
         model, call = request.path_params["model"], self._call(request)

@@ -173,7 +173,13 @@ def server_timing(phases: Mapping[str, float]) -> str:
 # Route name (as metrics label them) -> its template, the span's ``http.route``.
 ROUTE_TEMPLATES = {"encode": "/v1/encode/{model}", "score": "/v1/score/{model}",
                    "extract": "/v1/extract/{model}", "embeddings": "/v1/embeddings",
-                   "provision": "/v1/models/{model}/provision"}
+                   "rerank_v1": "/v1/rerank", "rerank_v2": "/v2/rerank",
+                   "provision": "/v1/models/{model}/provision",
+                   # TEI's routes (heron.runtime.tei_api)
+                   "tei_embed": "/embed", "tei_embed_sparse": "/embed_sparse",
+                   "tei_rerank": "/rerank", "tei_predict": "/predict",
+                   "tei_tokenize": "/tokenize", "tei_decode": "/decode", "tei_info": "/info",
+                   "tei_root": "/"}
 
 
 class RequestScope:

@@ -1,7 +1,7 @@
 """The Starlette app of a server with the inference API: the front's routes (Heron's own and
-the other APIs it speaks), the server's own routes, /openapi.json and /docs, API keys, and
-the one error mapping; and ``InferenceApp``, which takes the hot inference POSTs straight to
-their handlers."""
+the other APIs it speaks), the server's own routes, /openapi.json and /docs, CORS, API keys,
+and the one error mapping; and ``InferenceApp``, which takes the hot inference POSTs straight
+to their handlers."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from starlette.routing import BaseRoute
 from heron import __version__
 from heron.runtime.auth import api_key_middleware
 from heron.runtime.backend import InferenceBackend
+from heron.runtime.cors import cors_middleware, parse_origins
 from heron.runtime.front import INFERENCE_OPERATIONS, InferenceFront
 from heron.runtime.http import EXCEPTION_HANDLERS, error_handler
 from heron.runtime.openapi import ApiOperation, docs_routes, openapi_document
 from heron.runtime.rerank_api import rerank_routes
-from heron.runtime.tei_api import tei_routes
+from heron.runtime.settings import listed
+from heron.runtime.tei_api import TEI_PATHS, tei_routes
 from heron_sdk.types import MAX_BODY_BYTES
 
 
@@ -46,22 +48,33 @@ def build_inference_app(backend: InferenceBackend, *, title: str,
                         extra_routes: Sequence[BaseRoute] = (),
                         extra_operations: Sequence[ApiOperation] = (),
                         max_in_flight: int | None = None,
-                        max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
+                        max_body_bytes: int = MAX_BODY_BYTES,
+                        default_model: str | None = None,
+                        cors_origins: str | None = None) -> Starlette:
     """The app of a server with the inference API: the front's routes, then the server's
-    own (``extra_routes``, described by ``extra_operations``), /openapi.json and /docs, API
-    keys from HERON_API_KEYS, and the one error mapping. ``max_in_flight``: inference
+    own (``extra_routes``, described by ``extra_operations``), /openapi.json and /docs, CORS,
+    API keys from HERON_API_KEYS, and the one error mapping. ``max_in_flight``: inference
     requests at once before 429 QUEUE_FULL (None: no bound here); ``max_body_bytes``: the
-    largest request body before 413."""
+    largest request body before 413; ``default_model``: the models the TEI routes use
+    (comma-separated; heron.runtime.tei_api); ``cors_origins``: the origins browsers may call
+    from (comma-separated, ``*``; None: no CORS; heron.runtime.cors)."""
     front = InferenceFront(backend, max_in_flight, max_body_bytes)
-    routes = [*front.routes(), *rerank_routes(front), *tei_routes(front), *extra_routes,
+    routes = [*front.routes(), *rerank_routes(front),
+              *tei_routes(front, listed(default_model)), *extra_routes,
               *api_docs_routes((*INFERENCE_OPERATIONS, *extra_operations), title)]
-    middleware = api_key_middleware()
+    cors = cors_middleware(parse_origins(cors_origins))
+    keys = api_key_middleware(guarded=TEI_PATHS)
+    # CORS outermost: a preflight is answered before API keys are asked for (a browser
+    # sends none with it), and a 401 still carries the headers the page needs to read it.
     app = InferenceApp(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS),
-                       lifespan=lifespan, middleware=middleware)
-    if not middleware:  # API keys are checked by middleware: then every route goes there
+                       lifespan=lifespan, middleware=[*cors, *keys])
+    if not keys:  # API keys are checked by middleware: then every route goes there
         app.hot_routes = {"/v1/encode/": front.encode, "/v1/score/": front.score,
                           "/v1/extract/": front.extract}
         app.hot_exact = {"/v1/embeddings": front.embeddings}
+        # A browser's request (it has an Origin) goes through the CORS middleware; the
+        # rest, every client that is not a page, still takes the short way.
+        app.hot_unless_origin = bool(cors)
     return app
 
 
@@ -74,9 +87,11 @@ class InferenceApp(Starlette):
 
     hot_routes: dict[str, Callable[[Request], Awaitable[Response]]] = {}  # path prefix ->
     hot_exact: dict[str, Callable[[Request], Awaitable[Response]]] = {}  # exact path ->
+    hot_unless_origin = False  # CORS is on: a request with an Origin header takes the stack
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http" and scope["method"] == "POST" and not (
+                self.hot_unless_origin and _has_origin(scope)):
             path: str = scope["path"]
             handler = self.hot_exact.get(path)
             model = None
@@ -99,3 +114,7 @@ class InferenceApp(Starlette):
                 return
         await super().__call__(scope, receive, send)
 
+
+def _has_origin(scope: Any) -> bool:
+    """Whether the request has an Origin header (a browser's cross-origin request)."""
+    return any(name == b"origin" for name, _ in scope["headers"])

@@ -122,7 +122,7 @@ class Header:
     """Header names of a work item (heron.runtime.protocol.WorkItemHeaders)."""
 
     REQUEST_ID = "Heron-Request-Id"
-    TASK = "Heron-Task"  # encode | score | extract
+    TASK = "Heron-Task"  # encode | score | extract | tokenize | decode
     MODEL = "Heron-Model"
     REPLY = "Heron-Reply"  # the gateway inbox for the result
     START = "Heron-Item-Start"  # index of the work item's first item in its request

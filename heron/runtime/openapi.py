@@ -60,6 +60,11 @@ class ApiOperation:
     response_media: tuple[str, ...] = ("application/json",)
     description: str = ""  # longer text under the summary (Markdown)
     request_required: bool = True  # False: the body may be empty (e.g. /renew)
+    # The route speaks another API (OpenAI's, Cohere's, TEI's): its errors take this body,
+    # a refused body is always ``dialect_status`` (that API's), and it answers no 202. API
+    # keys (401, 403) and the last-resort 500 stay Heron's.
+    dialect_error: type | None = None
+    dialect_status: int = 400
 
 
 # What each status means, as the document's response descriptions say it.
@@ -131,7 +136,14 @@ def _operation(builder: SchemaBuilder, op: ApiOperation, path: str) -> dict[str,
     statuses: dict[int, Any] = dict(op.responses)
     if not any(200 <= s < 300 for s in statuses):
         statuses[200] = Any  # undeclared answer: any JSON (a document needs one response)
-    if op.request is not None:
+    if op.dialect_error is not None:
+        statuses.pop(202, None)
+        for status, body in list(statuses.items()):
+            if body is ErrorBody and status != 500:
+                statuses[status] = op.dialect_error
+        if op.request is not None:
+            statuses.setdefault(op.dialect_status, op.dialect_error)
+    elif op.request is not None:
         for status in BODY_ERRORS:
             statuses.setdefault(status, ErrorBody)
     if params:
@@ -154,6 +166,8 @@ def _response(builder: SchemaBuilder, status: int, body: Any,
             raise ValueError(f"{op.operation_id}: no error code answers {status}")
         out["description"] += ": " + ", ".join(codes)
         schema, media = _error_schema(builder, status, codes), NEGOTIATED_MEDIA
+    elif body is not None and body is op.dialect_error:
+        schema, media = builder.of(body), ("application/json",)
     elif body is not None:
         # A 202 goes out like an error, in the format Accept asks for, on every route.
         schema = builder.of(body)

@@ -72,7 +72,7 @@ class WorkItemHeaders:
     0), ``priority`` None means the request's own, ``deadline`` None means none."""
 
     request_id: str  # the request's id: the item's log lines and spans carry it
-    task: str  # encode | score | extract
+    task: str  # encode | score | extract | tokenize | decode (heron.runtime.token_calls)
     model: str
     reply: str  # the gateway inbox for the WorkResult ("" : nobody to answer)
     start: int  # index of the item's first text in its request

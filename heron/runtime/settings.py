@@ -374,3 +374,43 @@ class WorkStreamSettings(Settings):
                               ack_wait_s=self.stream_ack_wait_s,
                               max_deliver=self.stream_max_deliver,
                               max_ack_pending=self.stream_max_ack_pending)
+
+
+# ---- what every server of the inference API takes -----------------------------------------
+DEFAULT_MODEL_ENV = "HERON_DEFAULT_MODEL"
+CORS_ORIGINS_ENV = "HERON_CORS_ORIGINS"
+
+
+def listed(text: str | None) -> tuple[str, ...]:
+    """A comma-separated setting's entries, stripped, empty ones left out."""
+    return tuple(part.strip() for part in (text or "").split(",") if part.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceServerSettings(WorkStreamSettings):
+    """The settings of a server with the inference API (``heron serve``, ``heron worker``,
+    the gateway) that its HTTP side reads (heron.runtime.inference_app): the same variables
+    on every component, so a cluster and a single node are set up alike."""
+
+    default_model: str | None = setting(
+        None, "The models the TEI routes (/embed, /rerank, /info, ...) use, comma-separated: "
+              "each route takes the first listed made for its task, else the first that can "
+              "answer it (none: the one model served that can, if exactly one)",
+        env=DEFAULT_MODEL_ENV)
+    cors_origins: str | None = setting(
+        None, "Origins browsers may call the API from, comma-separated, or * for any "
+              "(credentials are never allowed); none: no CORS headers",
+        env=CORS_ORIGINS_ENV)
+
+    def __post_init__(self) -> None:
+        Settings.__post_init__(self)  # (slots dataclasses cannot call super() bare)
+        from heron.runtime.cors import parse_origins
+
+        try:
+            parse_origins(self.cors_origins)
+        except ValueError as exc:
+            raise ConfigError("--cors-origins / " + CORS_ORIGINS_ENV, repr(self.cors_origins),
+                              str(exc)) from None
+        if self.default_model is not None and not listed(self.default_model):
+            raise ConfigError("--default-model / " + DEFAULT_MODEL_ENV,
+                              repr(self.default_model), "names no model")

@@ -111,12 +111,19 @@ def error_of(r: httpx.Response) -> tuple[int, str, str | None]:
     ("/v1/encode/minilm", {"items": ["a"], "top_n": 3}),
     ("/v1/score/minilm", {"query": "q", "items": ["a"], "top_n": 3}),
     ("/v1/extract/tiny-ner", {"items": ["a"], "top_n": 3}),
-    ("/v1/embeddings", {"model": "minilm", "input": "a", "top_n": 3}),
 ])
 def test_an_unknown_field_is_a_422_naming_it(base_url: str, path: str, body: dict) -> None:
     r = httpx.post(base_url + path, json=body, timeout=60)
     assert error_of(r) == (422, "INVALID_FIELD", "top_n")
     assert r.json()["error"]["message"].startswith("unknown field 'top_n'; known: ")
+
+
+def test_an_unknown_field_is_openais_400_naming_it_on_embeddings(base_url: str) -> None:
+    r = httpx.post(base_url + "/v1/embeddings", json={"model": "minilm", "input": "a",
+                                                      "top_n": 3}, timeout=60)
+    error = r.json()["error"]
+    assert (r.status_code, error["code"], error["param"]) == (400, "invalid_field", "top_n")
+    assert error["message"].startswith("unknown field 'top_n'; known: ")
 
 
 def test_unknown_fields_are_refused_through_the_gateway_too(cluster_url: str) -> None:
@@ -193,6 +200,6 @@ def test_openai_optional_fields_are_accepted(base_url: str) -> None:
     res = client.embeddings.create(model="minilm", input=["a heron"], user="user-1234",
                                    dimensions=64, encoding_format="float")
     assert len(res.data[0].embedding) == 64
-    with pytest.raises(openai.UnprocessableEntityError, match="unknown field 'top_n'"):
+    with pytest.raises(openai.BadRequestError, match="unknown field 'top_n'"):
         client.embeddings.create(model="minilm", input="a", extra_body={"top_n": 1})
 

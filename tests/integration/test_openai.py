@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import base64
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
 import openai
 import pytest
+import yaml
 from openai import OpenAI
+from transformers import AutoTokenizer
+
+from tests.support.servers import REPO, start_serve
+from tests.support.tiny_models import minilm_dir
 
 TEXTS = ["The official client works.", "Embeddings over HTTP", "x"]
 
@@ -56,12 +63,65 @@ def test_dimensions(oai: OpenAI, http: httpx.Client) -> None:
 
 
 def test_errors_reach_the_client_typed(oai: OpenAI) -> None:
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as missing:
         oai.embeddings.create(model="no-such-model", input="x")
-    with pytest.raises(openai.UnprocessableEntityError):
-        oai.embeddings.create(model="minilm", input=[[1, 2, 3]])
-    with pytest.raises(openai.UnprocessableEntityError):
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as bad:
         oai.embeddings.create(model="minilm", input="x", dimensions=4096)
+    assert (bad.value.code, bad.value.param) == ("invalid_field", "dims")
+    assert bad.value.type == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as outside:  # not in MiniLM's vocabulary
+        oai.embeddings.create(model="minilm", input=[[1, 2, 10**6]])
+    assert outside.value.param == "items[0].tokens"
+    with pytest.raises(openai.BadRequestError):  # multi-vector models take texts only
+        oai.embeddings.create(model="tiny-multi-vector", input=[[1, 2, 3]])
+
+
+@pytest.mark.parametrize("shape", ["one", "many"])
+def test_token_id_input_equals_the_same_text(oai: OpenAI, http: httpx.Client,
+                                             shape: str) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir()))
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    given = ids[0] if shape == "one" else ids
+    res = oai.embeddings.create(model="minilm", input=given, encoding_format="float")
+    texts = TEXTS[:1] if shape == "one" else TEXTS
+    np.testing.assert_allclose([d.embedding for d in res.data], encode(http, texts),
+                               atol=1e-6)
+    tokens = sum(i["tokens"] for i in http.post("/v1/encode/minilm", json={"items": texts}
+                                                ).json()["items"])
+    assert res.usage.prompt_tokens == tokens
+
+
+def test_a_full_queue_raises_rate_limit_error_with_retry_after(
+        tmp_path: Path) -> None:
+    """MiniLM with room for 2 queued items: a burst of 8-text requests finds it full."""
+    bundle = tmp_path / "bundle"
+    (bundle / "models").mkdir(parents=True)
+    config = yaml.safe_load((REPO / "bundles/models/all-minilm-l6-v2.yaml").read_text())
+    for profile in config["profiles"].values():
+        profile["max_queue_items"] = 2
+    (bundle / "models" / "minilm.yaml").write_text(yaml.safe_dump(config))
+    (bundle / "small.yaml").write_text(yaml.safe_dump({"name": "small",
+                                                        "models": ["minilm.yaml"]}))
+    server = start_serve(bundle / "small.yaml", tmp_path)
+    try:
+        oai = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        texts = [" ".join(["heron"] * 120)] * 8
+
+        def call(_: int) -> str:
+            try:
+                oai.embeddings.create(model="minilm", input=texts)
+                return "ok"
+            except openai.RateLimitError as exc:
+                assert int(exc.response.headers["retry-after"]) >= 1
+                assert exc.code == "queue_full"
+                return "limited"
+
+        with ThreadPoolExecutor(12) as pool:
+            outcomes = list(pool.map(call, range(24)))
+        assert "limited" in outcomes and "ok" in outcomes, outcomes
+    finally:
+        server.stop()
 
 
 def test_raw_http_shapes(http: httpx.Client) -> None:
@@ -74,8 +134,12 @@ def test_raw_http_shapes(http: httpx.Client) -> None:
                        ({"model": "minilm", "input": []}, "input"),
                        ({"model": "minilm", "input": "x", "encoding_format": "hex"},
                         "encoding_format"),
-                       ({"model": "minilm", "input": "x", "dimensions": 0}, "dimensions")]:
+                       ({"model": "minilm", "input": "x", "dimensions": 0}, "dimensions"),
+                       ({"model": "minilm", "input": [[]]}, "input[0]"),
+                       ({"model": "minilm", "input": ["a", 1]}, "input")]:
         r = http.post("/v1/embeddings", json=bad)
-        assert r.status_code == 422, (bad, r.text)
-        assert r.json()["error"]["code"] == "INVALID_FIELD"
-        assert r.json()["error"]["field"] == field
+        assert r.status_code == 400, (bad, r.text)
+        error = r.json()["error"]
+        assert (error["code"], error["param"], error["type"]) == (
+            "invalid_field", field, "invalid_request_error")
+        assert set(error) == {"message", "type", "param", "code"}

@@ -30,6 +30,7 @@ from heron.runtime.front import INFERENCE_OPERATIONS
 from heron.runtime.json_schema import SchemaBuilder, schema
 from heron.runtime.openai_compat import parse_embeddings_request
 from heron.runtime.openapi import ApiOperation, error_codes, openapi_document
+from heron.runtime.rerank_api import parse_rerank
 from heron_sdk.errors import STATUS_BY_CODE, HeronError
 from heron_sdk.pools import PoolSpec, renew_ttl
 from heron_sdk.types import (
@@ -156,7 +157,9 @@ def test_error_responses_list_the_code_table() -> None:
         for method, op in item.items():
             for status, response in op["responses"].items():
                 code = int(status)
-                if code >= 400 and "Error" in str(response.get("content", "")):
+                # Heron's error components (Error400...); routes of other APIs answer in
+                # theirs (OpenAIErrorBody...).
+                if code >= 400 and "/schemas/Error" in str(response.get("content", "")):
                     ref = response["content"]["application/json"]["schema"]["$ref"]
                     detail = SERVE_DOC["components"]["schemas"][ref.rsplit("/", 1)[1]]
                     codes = detail["properties"]["error"]["properties"]["code"]["enum"]
@@ -188,6 +191,8 @@ PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "/v1/score/{model}": ("ScoreBody", ScoreRequest.from_wire),
     "/v1/extract/{model}": ("ExtractBody", ExtractRequest.from_wire),
     "/v1/embeddings": ("EmbeddingsBody", parse_embeddings_request),
+    "/v1/rerank": ("RerankV1Body", lambda body: parse_rerank(body, 1)),
+    "/v2/rerank": ("RerankV2Body", lambda body: parse_rerank(body, 2)),
     "/v1/pools": ("PoolCreateBody", PoolSpec.from_wire),
     "/v1/pools/{name}/renew": ("PoolRenewBody", lambda body: renew_ttl(body, 300.0)),
 }
@@ -429,3 +434,18 @@ def test_config_md_lists_the_post_fields_and_the_document() -> None:
     assert _models_md_fields("### POST /v1/configs/models", "config.md") == properties
     text = (REPO / "docs" / "config.md").read_text()
     assert "`GET /openapi.json`" in text and "`GET /docs`" in text
+
+
+@pytest.mark.parametrize(("path", "body"), [("/v1/embeddings", "OpenAIErrorBody"),
+                                            ("/v2/rerank", "RerankErrorBody"),
+                                            ("/v1/rerank", "RerankErrorBody")])
+def test_routes_of_other_apis_document_their_own_error_shape(path: str, body: str) -> None:
+    """A refused body is that API's 400 in its shape; no 202 (its clients know none); API
+    keys and the last-resort 500 stay Heron's."""
+    responses = SERVE_DOC["paths"][path]["post"]["responses"]
+    ref = f"#/components/schemas/{body}"
+    for status in ("400", "404", "429", "503"):
+        assert responses[status]["content"]["application/json"]["schema"]["$ref"] == ref
+    assert not {"202", "413", "415", "422"} & set(responses)
+    for status in ("401", "403", "500"):
+        assert ref not in str(responses[status])

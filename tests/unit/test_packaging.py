@@ -25,6 +25,11 @@ SERVER_PACKAGES = {"heron": "heron", "gateway": "heron/gateway", "worker": "hero
                    "config_service": "heron/config_service"}
 OLD_ROOTS = ("sdk", "worker", "gateway", "config_service")
 SDK_REQUIREMENTS = {"httpx", "msgpack", "msgpack-numpy", "numpy", "orjson"}
+# heron-sdk's extras -> what each brings, and the import roots of what they bring (pydantic
+# comes with every framework): only heron_sdk.integrations and tqdm's users import them.
+SDK_EXTRAS = {"langchain": {"langchain-core"}, "llamaindex": {"llama-index-core"},
+              "haystack": {"haystack-ai"}, "progress": {"tqdm"}}
+SDK_EXTRA_IMPORTS = {"langchain_core", "llama_index", "haystack", "pydantic", "tqdm"}
 # What the client must never pull into an application's environment.
 SERVER_ONLY = {"torch", "transformers", "tokenizers", "sentencepiece", "safetensors",
                "huggingface-hub", "starlette", "uvicorn", "websockets", "nats-py",
@@ -51,6 +56,8 @@ def test_sdk_wheel_requires_only_the_client_stack(sdk_wheel: BuiltWheel) -> None
     everything = {r.name for r in sdk_wheel.requirements()}
     assert not everything & SERVER_ONLY, everything & SERVER_ONLY
     assert not [name for name in everything if name.startswith("opentelemetry")]
+    for extra, names in SDK_EXTRAS.items():
+        assert sdk_wheel.extra_requirements(extra) == names, extra
 
 
 def test_sdk_wheel_holds_heron_sdk_and_nothing_else(sdk_wheel: BuiltWheel) -> None:
@@ -58,7 +65,9 @@ def test_sdk_wheel_holds_heron_sdk_and_nothing_else(sdk_wheel: BuiltWheel) -> No
     files = sdk_wheel.modules()
     assert files and all(f.startswith("heron_sdk/") for f in files), files
     shipped = {f.removeprefix("heron_sdk/") for f in files}
-    sources = {p.name for p in (REPO / "sdk").glob("*.py")}
+    sources = {p.relative_to(REPO / "sdk").as_posix() for p in (REPO / "sdk").rglob("*.py")
+               if "__pycache__" not in p.parts and not p.parts[-2].endswith(".egg-info")}
+    assert "integrations/langchain.py" in sources
     assert sources <= shipped, f"sdk/ modules missing from the wheel: {sources - shipped}"
 
 
@@ -112,7 +121,8 @@ def _imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_the_sdk_imports_nothing_of_the_server() -> None:
-    allowed = {"heron_sdk", *(name.replace("-", "_") for name in SDK_REQUIREMENTS)}
+    allowed = {"heron_sdk", *(name.replace("-", "_") for name in SDK_REQUIREMENTS),
+               *SDK_EXTRA_IMPORTS}
     bad = []
     for path in _python_files(REPO / "sdk"):
         for line, module in _imported_modules(ast.parse(path.read_text(), str(path))):

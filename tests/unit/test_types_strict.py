@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import pickle
-from typing import Any
+from typing import Any, get_args
 
 import msgpack
 import numpy as np
@@ -16,6 +16,7 @@ import pytest
 from heron.config_service.body import decode as decode_config
 from heron.config_service.body import parse_posted
 from heron.gateway.routes import GATEWAY_OPERATIONS
+from heron.runtime import api_types
 from heron.runtime.front import INFERENCE_OPERATIONS
 from heron.runtime.modelconfig import ConfigError, parse_profile
 from heron.runtime.openai_compat import EMBEDDINGS_FIELDS, parse_embeddings_request
@@ -25,6 +26,7 @@ from heron_sdk.errors import HeronError
 from heron_sdk.types import (
     ENCODE_FIELDS,
     EXTRACT_FIELDS,
+    INPUT_TYPES,
     ITEM_FIELDS,
     SCORE_FIELDS,
     EncodeRequest,
@@ -68,7 +70,10 @@ def test_keys_that_are_not_strings_are_unknown_fields_too() -> None:
 def test_an_unknown_key_in_an_item_object_names_its_path() -> None:
     error = refusal(EncodeRequest.from_wire, {"items": ["a", {"text": "b", "meta": 1}]})
     assert error.field == "items[1].meta"
-    assert error.message == "unknown field 'items[1].meta'; known: id, text"
+    assert error.message == "unknown field 'items[1].meta'; known: id, text, tokens"
+    # Only encode takes token ids: score and extract name the text fields alone.
+    error = refusal(ScoreRequest.from_wire, {"query": "q", "items": [{"tokens": [1]}]})
+    assert error.message == "unknown field 'items[0].tokens'; known: id, text"
 
 
 @pytest.mark.parametrize(("component", "fields"), [
@@ -87,7 +92,10 @@ def test_what_to_wire_writes_from_wire_reads_back() -> None:
     options = RequestOptions(truncate=False, priority=3, timeout_s=2.5, encoding="base64")
     items = [Item("a"), Item("b", id="7")]
     requests = [EncodeRequest(items, ("dense", "sparse"), "float16", 64, True, "q: ", options),
+                EncodeRequest([*items, Item.of_tokens([101, 7], "t")], is_query=True,
+                              input_type="search_query"),
                 ScoreRequest("q", items, 2, options),
+                ScoreRequest("q", items, max_tokens_per_doc=16),
                 ExtractRequest(items, ["PER"], 0.5, options)]
     for request in requests:
         body = wire.decode_request(wire.encode(request.to_wire(), wire.MSGPACK), wire.MSGPACK)
@@ -117,9 +125,40 @@ def test_json_has_no_nan_or_infinity(literal: bytes) -> None:
 def test_openai_optional_fields_are_accepted_and_user_is_a_string() -> None:
     body = {"model": "m", "input": ["a"], "encoding_format": "base64", "dimensions": 8,
             "user": "user-1234"}
-    assert parse_embeddings_request(body) == ("m", ["a"], "base64", 8)
+    model, req, encoding = parse_embeddings_request(body)
+    assert (model, [i.text for i in req.items], encoding, req.dims) == ("m", ["a"], "base64", 8)
     assert parse_embeddings_request({**body, "user": None})[0] == "m"
     assert refusal(parse_embeddings_request, {**body, "user": 5}).field == "user"
+
+
+@pytest.mark.parametrize(("given", "tokens"), [
+    ([5, 6], [(5, 6)]), ([[5], [6, 7]], [(5,), (6, 7)]), ([5.0, 6], [(5, 6)])])
+def test_openai_token_id_inputs_are_items_of_tokens(given: list, tokens: list) -> None:
+    _, req, _ = parse_embeddings_request({"model": "m", "input": given})
+    assert [i.tokens for i in req.items] == tokens
+    assert all(i.text == "" for i in req.items)
+
+
+@pytest.mark.parametrize("given", [[], [[]], [-1], [["a"]], ["a", 1], [[1], "a"], [1.5],
+                                   [True], [2**31]])
+def test_openai_bad_inputs_are_refused_naming_input(given: list) -> None:
+    error = refusal(parse_embeddings_request, {"model": "m", "input": given})
+    assert error.status == 422 and error.field is not None and error.field.startswith("input")
+
+
+def test_input_type_sets_the_side_and_is_query_alone_still_works() -> None:
+    assert EncodeRequest.from_wire({"items": ["a"], "input_type": "search_query"}).is_query
+    assert not EncodeRequest.from_wire({"items": ["a"], "input_type": "clustering"}).is_query
+    assert EncodeRequest.from_wire({"items": ["a"], "is_query": True}).is_query
+    # Given, input_type decides the side, and the wire form carries it alone.
+    req = EncodeRequest.from_wire({"items": ["a"], "is_query": True, "input_type": "document"})
+    assert not req.is_query and "is_query" not in req.to_wire()
+    assert refusal(EncodeRequest.from_wire, {"items": ["a"], "input_type": "q"}).field == (
+        "input_type")
+
+
+def test_the_schema_names_the_same_input_types_as_the_parser() -> None:
+    assert set(get_args(api_types.InputType)) == set(INPUT_TYPES)
 
 
 @pytest.mark.parametrize("depth", [33, 1000, 5000, 100_000])

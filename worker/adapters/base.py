@@ -22,14 +22,28 @@ from heron.runtime.checkpoint import Checkpoint, CheckpointError
 from heron.runtime.modelconfig import ModelConfig, Profile
 from heron.worker.adapters import packing
 from heron.worker.adapters.packing import Packing
+from heron.worker.adapters.special_tokens import special_tokens_around
 
 # Model types whose position ids are offset by padding_idx + 1 (transformers'
 # create_position_ids_from_input_ids).
 PADDING_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "mpnet",
                                       "xlm-roberta-xl", "data2vec-text"})
 
-# A text, or a (query, document) pair for cross-encoders.
-TextInput = str | tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIds:
+    """A text given as the model's own token ids, without special tokens (OpenAI's token-id
+    input): tokenizing puts the checkpoint's special tokens around them."""
+
+    ids: tuple[int, ...]
+
+
+# A text, a (query, document) pair for cross-encoders, or token ids.
+TextInput = str | tuple[str, str] | TokenIds
+# Request input types that name a prompt of their own in a checkpoint's
+# config_sentence_transformers.json (heron_sdk.types.INPUT_TYPES; the others are a side).
+NAMED_PROMPT_TYPES = frozenset({"classification", "clustering"})
 
 
 @dataclass(slots=True)
@@ -85,6 +99,8 @@ class Adapter(ABC):
     needs_offsets: ClassVar[bool] = False
     needs_special_mask: ClassVar[bool] = False
     supports_packing: ClassVar[bool] = False  # forward/postprocess handle Batch.packing
+    # Encode takes token ids in place of a text (its tokenization is the base class's).
+    accepts_token_ids: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # One source of truth: the torch-free gateway routes by the same table entry.
@@ -108,6 +124,11 @@ class Adapter(ABC):
         self.dimensions: int | None = None  # of its dense output, once loaded
         self.lowercase = False
         self._prompt_lengths: dict[str, int] = {}
+        self._prompt_token_ids: dict[str, tuple[int, ...]] = {}
+        # The special tokens around a single text, and whether the tokenizer gives
+        # token_type_ids (found on first use: _special_tokens).
+        self._specials: list[list[int]] | None = None
+        self._uses_type_ids = False
         self._tokenize_lock = threading.Lock()
 
     # ---- load ------------------------------------------------------------------------
@@ -180,13 +201,17 @@ class Adapter(ABC):
         """Why this checkpoint cannot be packed though its family packs; None: it can."""
         return None
 
-    def prompt(self, query: bool, override: str | None = None) -> str:
-        """The text put before each input: the request's instruction, else the profile's,
-        else the checkpoint's own prompts as sentence-transformers' encode_query and
-        encode_document choose them ("query"; "document", "passage" or "corpus"; else the
-        default prompt)."""
+    def prompt(self, query: bool, override: str | None = None,
+               input_type: str | None = None) -> str:
+        """The text put before each input: the request's instruction, else the checkpoint's
+        prompt named by ``input_type`` (classification, clustering) when it has one, else
+        the profile's, else the checkpoint's own prompts as sentence-transformers'
+        encode_query and encode_document choose them ("query"; "document", "passage" or
+        "corpus"; else the default prompt)."""
         if override is not None:
             return override
+        if input_type in NAMED_PROMPT_TYPES and input_type in self.checkpoint.prompts:
+            return self.checkpoint.prompts[input_type]
         configured = (self.profile.query_instruction if query
                       else self.profile.document_instruction)
         if configured is not None:
@@ -252,7 +277,9 @@ class Adapter(ABC):
     def _tokenize_prompted(self, inputs: list[TextInput], query: bool,
                            prompt: str) -> list[Tokenized]:
         if prompt:
-            inputs = [prompt + x if isinstance(x, str) else x for x in inputs]
+            inputs = [prompt + x if isinstance(x, str)
+                      else TokenIds((*self._prompt_ids(prompt), *x.ids))
+                      if isinstance(x, TokenIds) else x for x in inputs]
         out = self._tokenize_locked(inputs, query)
         if prompt and not self.checkpoint.pooling_include_prompt:
             # sentence-transformers pools without the prompt's tokens ([CLS] and the prompt,
@@ -267,10 +294,18 @@ class Adapter(ABC):
                 t.prompt_tokens = count
         return out
 
+    def _prompt_ids(self, prompt: str) -> tuple[int, ...]:
+        ids = self._prompt_token_ids.get(prompt)
+        if ids is None:
+            ids = tuple(self.tokenizer(prompt.lower() if self.lowercase else prompt,
+                                       add_special_tokens=False)["input_ids"])
+            self._prompt_token_ids[prompt] = ids
+        return ids
+
     def _tokenize_locked(self, inputs: list[TextInput], query: bool) -> list[Tokenized]:
         if self.lowercase:  # sentence_bert_config.json do_lower_case, as ST applies it
-            inputs = [x.lower() if isinstance(x, str) else (x[0].lower(), x[1].lower())
-                      for x in inputs]
+            inputs = [x.lower() if isinstance(x, str) else x if isinstance(x, TokenIds)
+                      else (x[0].lower(), x[1].lower()) for x in inputs]
         out = self._encode(inputs, self.max_length + 1)
         too_long = [i for i, t in enumerate(out) if t.length > self.max_length]
         if too_long:
@@ -294,7 +329,57 @@ class Adapter(ABC):
         finally:
             self._tokenize_lock.release()
 
+    def clip(self, texts: list[str], max_tokens: int) -> tuple[list[str], set[int]]:
+        """Each text cut after its first ``max_tokens`` tokens (special tokens not counted),
+        at the character where that token ends, and the indices of the texts that were cut
+        (Cohere's max_tokens_per_doc: a document's own budget, before a pair is built)."""
+        with self._tokenize_lock:
+            enc = self.tokenizer(
+                [t.lower() for t in texts] if self.lowercase else texts,
+                add_special_tokens=False, truncation=False, return_attention_mask=False,
+                return_offsets_mapping=self.tokenizer.is_fast)
+        out, cut = list(texts), set()
+        for i, ids in enumerate(enc["input_ids"]):
+            if len(ids) <= max_tokens:
+                continue
+            cut.add(i)
+            if self.tokenizer.is_fast and len(texts[i]) == len(
+                    texts[i].lower() if self.lowercase else texts[i]):
+                out[i] = texts[i][: enc["offset_mapping"][i][max_tokens - 1][1]]
+            else:  # no character offsets: the kept tokens, decoded
+                out[i] = self.tokenizer.decode(ids[:max_tokens])
+        return out, cut
+
     def _encode(self, inputs: list[TextInput], max_length: int) -> list[Tokenized]:
+        given = [i for i, x in enumerate(inputs) if isinstance(x, TokenIds)]
+        if not given:
+            return self._encode_texts(inputs, max_length)
+        out: list[Tokenized | None] = [None] * len(inputs)
+        texts = [i for i, x in enumerate(inputs) if not isinstance(x, TokenIds)]
+        if texts:
+            for i, t in zip(texts, self._encode_texts([inputs[i] for i in texts], max_length),
+                            strict=True):
+                out[i] = t
+        head, tail = self._special_tokens()
+        room = max(0, max_length - len(head) - len(tail))
+        for i in given:
+            ids = inputs[i].ids  # type: ignore[union-attr]
+            full = [*head, *ids[:room], *tail]
+            out[i] = Tokenized(input_ids=full, truncated=False,
+                               token_type_ids=[0] * len(full) if self._uses_type_ids else None)
+        return out  # type: ignore[return-value]
+
+    def _special_tokens(self) -> tuple[list[int], list[int]]:
+        if self._specials is None:
+            *self._specials, self._uses_type_ids = special_tokens_around(self.tokenizer)
+        return self._specials  # type: ignore[return-value]
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids from 0 to this (exclusive) are the model's (added tokens included)."""
+        return len(self.tokenizer)
+
+    def _encode_texts(self, inputs: list[TextInput], max_length: int) -> list[Tokenized]:
         pairs = bool(inputs) and isinstance(inputs[0], tuple)
         kwargs: dict[str, Any] = {
             "truncation": "only_second" if pairs else True,

@@ -97,7 +97,8 @@ class BgeM3Adapter(Adapter):
         self.dropped_ids = np.asarray(sorted(i for i in dropped if i is not None),
                                       dtype=np.int64)
 
-    def prompt(self, query: bool, override: str | None = None) -> str:
+    def prompt(self, query: bool, override: str | None = None,
+               input_type: str | None = None) -> str:
         """The request's instruction, else the profile's; never the checkpoint's
         sentence-transformers prompts, which FlagEmbedding's M3 does not apply (BGE-M3 takes
         no instruction)."""

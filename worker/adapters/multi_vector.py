@@ -190,6 +190,8 @@ class _Outputs(dict):
 
 
 class MultiVectorAdapter(Adapter):
+    # Its own tokenization (query marks, static query weights) takes texts only.
+    accepts_token_ids = False
     name = "multi_vector"
     needs_special_mask = True  # the bare-transformers form drops special tokens
 

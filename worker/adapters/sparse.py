@@ -22,6 +22,8 @@ from heron_sdk.types import SparseVector
 
 
 class SparseAdapter(Adapter):
+    # Its own tokenization (query marks, static query weights) takes texts only.
+    accepts_token_ids = False
     name = "sparse"
 
     def load_model(self, path: Path) -> torch.nn.Module:
