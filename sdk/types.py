@@ -144,20 +144,23 @@ def _parse_items(body: Mapping[str, Any], name: str = "items", *,
     return items
 
 
-def check_token_ids(ids: Any, name: str) -> list[int]:
-    """A non-empty list of token ids (integers from 0 to MAX_INTEGER; the worker checks them
-    against the model's vocabulary), at most MAX_TEXT_CHARS of them."""
+def check_token_ids(ids: Any, name: str) -> tuple[int, ...]:
+    """A non-empty list of token ids, integers from 0 to MAX_INTEGER (the worker checks them
+    against the model's vocabulary), at most MAX_TEXT_CHARS of them; a bad one is named
+    ``name[i]``."""
     if not isinstance(ids, list) or not ids:
         raise invalid_field(name, "must be a non-empty list of token ids")
     if len(ids) > MAX_TEXT_CHARS:
         raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
                          f"{name}: {len(ids)} token ids is over {MAX_TEXT_CHARS}", field=name)
-    out = [integral(t) for t in ids]
-    for t in out:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_INTEGER:
-            raise invalid_field(name, f"must hold token ids (integers from 0 to "
-                                f"{MAX_INTEGER}); got {shown(t)}")
-    return out
+    out = []
+    for i, raw in enumerate(ids):
+        token = integral(raw)
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= MAX_INTEGER:
+            raise invalid_field(f"{name}[{i}]", f"must be a token id (an integer from 0 to "
+                                f"{MAX_INTEGER})")
+        out.append(token)
+    return tuple(out)
 
 
 def check_text(text: str, name: str) -> str:
@@ -169,7 +172,11 @@ def check_text(text: str, name: str) -> str:
     return text
 
 
-def _opt(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+def optional_field(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...],
+                   default: Any) -> Any:
+    """Field ``name`` of ``body``, of type ``kind``; absent or null is ``default``. 422
+    INVALID_FIELD for another type, a bool where a number is meant, NaN or the
+    infinities, or an integer past MAX_INTEGER."""
     value = body.get(name, default)
     if value is None:
         return default
@@ -214,17 +221,17 @@ class RequestOptions:
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> RequestOptions:
-        priority = _opt(body, "priority", int, 0)
+        priority = optional_field(body, "priority", int, 0)
         if priority < 0:
             raise invalid_field("priority", "must be >= 0 (0 is the highest)")
-        timeout_s = _opt(body, "timeout_s", (int, float), None)
+        timeout_s = optional_field(body, "timeout_s", (int, float), None)
         if timeout_s is not None and timeout_s < MIN_TIMEOUT_S:
             raise invalid_field("timeout_s", f"must be at least {MIN_TIMEOUT_S:g} (a second "
                                 "is 1; no model answers within less)")
-        encoding = _opt(body, "encoding", str, "float")
+        encoding = optional_field(body, "encoding", str, "float")
         if encoding not in ENCODINGS:
             raise invalid_field("encoding", f"must be one of {list(ENCODINGS)}")
-        return cls(truncate=_opt(body, "truncate", bool, True), priority=priority,
+        return cls(truncate=optional_field(body, "truncate", bool, True), priority=priority,
                    timeout_s=None if timeout_s is None else float(timeout_s), encoding=encoding)
 
     def to_wire(self) -> dict[str, Any]:
@@ -248,9 +255,9 @@ class EncodeRequest:
 
     @classmethod
     def from_wire(cls, body: Any) -> EncodeRequest:
-        body = _require_object(body)
+        body = require_object(body)
         check_fields(body, ENCODE_FIELDS)
-        output_types = _opt(body, "output_types", list, ["dense"])
+        output_types = optional_field(body, "output_types", list, ["dense"])
         if not output_types:
             raise invalid_field("output_types", "must not be empty")
         for t in output_types:
@@ -258,16 +265,16 @@ class EncodeRequest:
                 raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
                                  f"output_types: unknown output type {shown(t)}; "
                                  f"known: {list(OUTPUT_TYPES)}", field="output_types")
-        output_dtype = _opt(body, "output_dtype", str, "float32")
+        output_dtype = optional_field(body, "output_dtype", str, "float32")
         if output_dtype not in OUTPUT_DTYPES:
             raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT,
                              f"output_dtype: {shown(output_dtype)} is not one of "
                              f"{list(OUTPUT_DTYPES)}", field="output_dtype")
-        dims = _opt(body, "dims", int, None)
+        dims = optional_field(body, "dims", int, None)
         if dims is not None and dims <= 0:
             raise invalid_field("dims", "must be a positive integer")
-        is_query = _opt(body, "is_query", bool, False)
-        input_type = _opt(body, "input_type", str, None)
+        is_query = optional_field(body, "is_query", bool, False)
+        input_type = optional_field(body, "input_type", str, None)
         if input_type is not None:  # it decides the side; is_query is then not read
             side = INPUT_TYPES.get(input_type)
             if side is None:
@@ -279,7 +286,7 @@ class EncodeRequest:
             output_dtype=output_dtype,
             dims=dims,
             is_query=is_query,
-            instruction=_opt(body, "instruction", str, None),
+            instruction=optional_field(body, "instruction", str, None),
             input_type=input_type,
             options=RequestOptions.from_wire(body),
         )
@@ -311,15 +318,15 @@ class ScoreRequest:
 
     @classmethod
     def from_wire(cls, body: Any) -> ScoreRequest:
-        body = _require_object(body)
+        body = require_object(body)
         check_fields(body, SCORE_FIELDS)
         query = body.get("query")
         if not isinstance(query, str):
             raise invalid_field("query", "is required and must be a string")
-        top_k = _opt(body, "top_k", int, None)
+        top_k = optional_field(body, "top_k", int, None)
         if top_k is not None and top_k <= 0:
             raise invalid_field("top_k", "must be a positive integer")
-        max_tokens = _opt(body, "max_tokens_per_doc", int, None)
+        max_tokens = optional_field(body, "max_tokens_per_doc", int, None)
         if max_tokens is not None and max_tokens <= 0:
             raise invalid_field("max_tokens_per_doc", "must be a positive integer")
         return cls(query=check_text(query, "query"), items=_parse_items(body), top_k=top_k,
@@ -344,12 +351,12 @@ class ExtractRequest:
 
     @classmethod
     def from_wire(cls, body: Any) -> ExtractRequest:
-        body = _require_object(body)
+        body = require_object(body)
         check_fields(body, EXTRACT_FIELDS)
-        labels = _opt(body, "labels", list, None)
+        labels = optional_field(body, "labels", list, None)
         if labels is not None and not all(isinstance(x, str) and x for x in labels):
             raise invalid_field("labels", "must be a list of non-empty strings")
-        threshold = _opt(body, "threshold", (int, float), 0.0)
+        threshold = optional_field(body, "threshold", (int, float), 0.0)
         if not 0.0 <= threshold <= 1.0:
             raise invalid_field("threshold", "must be between 0 and 1")
         return cls(items=_parse_items(body), labels=labels, threshold=float(threshold),
@@ -378,7 +385,8 @@ def check_outputs(model_id: str, supported: frozenset[str], req: EncodeRequest) 
                          field="output_dtype")
 
 
-def _require_object(body: Any) -> Mapping[str, Any]:
+def require_object(body: Any) -> Mapping[str, Any]:
+    """The body as a mapping; 400 MALFORMED_BODY for anything else."""
     if not isinstance(body, Mapping):
         raise HeronError(ErrorCode.MALFORMED_BODY, "body must be an object")
     return body

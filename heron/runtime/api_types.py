@@ -135,7 +135,9 @@ class RerankDocumentObject(TypedDict):
     text: Text
 
 
-Documents = Annotated[list[Text], schema(minItems=1, maxItems=10_000)]
+# Cohere's own limit of documents a rerank request (heron.runtime.rerank_api splits them).
+MAX_RERANK_DOCUMENTS = 10_000
+Documents = Annotated[list[Text], schema(minItems=1, maxItems=MAX_RERANK_DOCUMENTS)]
 
 
 @closed
@@ -158,8 +160,8 @@ class RerankV1Body(TypedDict):
 
     model: Annotated[str, schema(minLength=1)]
     query: Text
-    documents: Annotated[list[Text | RerankDocumentObject], schema(minItems=1,
-                                                                     maxItems=10_000)]
+    documents: Annotated[list[Text | RerankDocumentObject], schema(
+        minItems=1, maxItems=MAX_RERANK_DOCUMENTS)]
     top_n: NotRequired[PositiveInt | None]
     return_documents: NotRequired[Annotated[bool | None, schema(default=False)]]
     rank_fields: NotRequired[Annotated[list[Literal["text"]] | None, schema(

@@ -24,23 +24,22 @@ from heron.runtime.backend import Answer
 from heron.runtime.openapi import ApiOperation
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 from heron_sdk.types import (
-    MAX_INTEGER,
     MAX_ITEMS_PER_REQUEST,
     Item,
     RequestOptions,
     ScoreRequest,
     check_fields,
     check_text,
-    integral,
-    shown,
+    optional_field,
+    require_object,
 )
 
 if TYPE_CHECKING:
     from heron.runtime.front import InferenceFront
 
-# Cohere's rerank: documents past this are refused (its own limit is 10,000 a request);
-# each call to the backend takes MAX_ITEMS_PER_REQUEST of them.
-MAX_DOCUMENTS = 10_000
+# Documents past api.MAX_RERANK_DOCUMENTS (Cohere's limit) are refused; each call to the
+# backend takes MAX_ITEMS_PER_REQUEST of them.
+MAX_DOCUMENTS = api.MAX_RERANK_DOCUMENTS
 # Cohere bills one search unit per query and up to 100 documents.
 DOCUMENTS_PER_SEARCH_UNIT = 100
 V1_FIELDS = frozenset({"model", "query", "documents", "top_n", "return_documents",
@@ -65,8 +64,7 @@ class RerankCall:
 
 def parse_rerank(body: Any, version: int) -> RerankCall:
     """A Cohere (v1 or v2) or Jina rerank body; HeronError naming the field otherwise."""
-    if not isinstance(body, Mapping):
-        raise HeronError(ErrorCode.MALFORMED_BODY, "body must be an object")
+    body = require_object(body)
     check_fields(body, V1_FIELDS if version == 1 else V2_FIELDS)
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -88,9 +86,10 @@ def parse_rerank(body: Any, version: int) -> RerankCall:
     texts = [_document_text(d, i, version) for i, d in enumerate(documents)]
     return RerankCall(model=model, query=check_text(query, "query"), documents=documents,
                       texts=texts, top_n=_positive(body, "top_n"),
-                      return_documents=_flag(body, "return_documents"),
+                      return_documents=optional_field(body, "return_documents", bool, False),
                       max_tokens_per_doc=_positive(body, "max_tokens_per_doc"),
-                      priority=_non_negative(body, "priority"))
+                      # Heron's own rule for priority (0 is the highest, never negative)
+                      priority=RequestOptions.from_wire(body).priority)
 
 
 def _document_text(document: Any, index: int, version: int) -> str:
@@ -107,29 +106,9 @@ def _document_text(document: Any, index: int, version: int) -> str:
 
 
 def _positive(body: Mapping[str, Any], name: str) -> int | None:
-    value = integral(body.get(name))
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_INTEGER:
-        raise invalid_field(name, f"must be an integer from 1 to {MAX_INTEGER}")
-    return value
-
-
-def _non_negative(body: Mapping[str, Any], name: str) -> int:
-    value = integral(body.get(name))
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INTEGER:
-        raise invalid_field(name, f"must be an integer from 0 (the highest) to {MAX_INTEGER}")
-    return value
-
-
-def _flag(body: Mapping[str, Any], name: str) -> bool:
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise invalid_field(name, f"must be a boolean, not {shown(value)}")
+    value = optional_field(body, name, int, None)
+    if value is not None and value <= 0:
+        raise invalid_field(name, "must be a positive integer")
     return value
 
 

@@ -19,7 +19,6 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from heron.runtime.api_types import PositiveInt, Text, TokenIds
 from heron.runtime.json_schema import closed, schema
-from heron.runtime.token_calls import token_ids
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 from heron_sdk.types import (
     MAX_INTEGER,
@@ -27,7 +26,10 @@ from heron_sdk.types import (
     Item,
     check_fields,
     check_text,
+    check_token_ids,
     integral,
+    optional_field,
+    require_object,
 )
 
 # TEI's prompt_name names a prompt of the checkpoint's sentence-transformers config; Heron
@@ -220,19 +222,8 @@ def empty(name: str) -> HeronError:
 
 
 def _object(body: Any, fields: Any) -> Mapping[str, Any]:
-    if not isinstance(body, Mapping):
-        raise HeronError(ErrorCode.MALFORMED_BODY, "body must be an object")
-    check_fields(body, frozenset(fields))
+    check_fields(require_object(body), frozenset(fields))
     return body
-
-
-def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid_field(name, "must be a boolean")
-    return value
 
 
 def _batch(raw: Any, name: str) -> list[Any]:
@@ -254,7 +245,7 @@ def _common(body: Mapping[str, Any], call: TeiCall) -> None:
     if model is not None and (not isinstance(model, str) or not model):
         raise invalid_field("model", "must be a non-empty string")
     call.model = model
-    call.truncate = _flag(body, "truncate", True)
+    call.truncate = optional_field(body, "truncate", bool, True)
     direction = body.get("truncation_direction")
     if direction is not None and direction not in ("right", "Right"):
         raise invalid_field("truncation_direction", "only 'right' is supported: Heron cuts "
@@ -300,7 +291,7 @@ def parse_embed(body: Any) -> TeiCall:
     call = TeiCall()
     _common(body, call)
     call.items = _inputs(body)
-    call.normalize = _flag(body, "normalize", True)
+    call.normalize = optional_field(body, "normalize", bool, True)
     dims = integral(body.get("dimensions"))
     if dims is not None and (isinstance(dims, bool) or not isinstance(dims, int)
                              or not 0 < dims <= MAX_INTEGER):
@@ -336,7 +327,7 @@ def parse_rerank(body: Any) -> TeiCall:
             raise invalid_field(f"texts[{i}]", "must be a string")
         items.append(Item(check_text(text, f"texts[{i}]")))
     call.items = items
-    call.return_text = _flag(body, "return_text", False)
+    call.return_text = optional_field(body, "return_text", bool, False)
     return call
 
 
@@ -367,7 +358,7 @@ def parse_tokenize(body: Any) -> TeiCall:
     call = TeiCall()
     _common(body, call)
     call.items = _inputs(body)
-    call.add_special_tokens = _flag(body, "add_special_tokens", True)
+    call.add_special_tokens = optional_field(body, "add_special_tokens", bool, True)
     return call
 
 
@@ -379,10 +370,11 @@ def parse_decode(body: Any) -> TeiCall:
     if not isinstance(raw, list):
         raise invalid_field("ids", "is required: token ids, or a list of them")
     if raw and all(_is_id(t) for t in raw):
-        call.sequences = [token_ids(raw, "ids")]
+        call.sequences = [check_token_ids(raw, "ids")]
     else:
-        call.sequences = [token_ids(ids, f"ids[{i}]") for i, ids in enumerate(_batch(raw, "ids"))]
-    call.skip_special_tokens = _flag(body, "skip_special_tokens", True)
+        call.sequences = [check_token_ids(ids, f"ids[{i}]")
+                          for i, ids in enumerate(_batch(raw, "ids"))]
+    call.skip_special_tokens = optional_field(body, "skip_special_tokens", bool, True)
     return call
 
 

@@ -23,34 +23,19 @@ from typing import Any
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 from heron_sdk.types import (
     INPUT_TYPES,
-    MAX_INTEGER,
     MAX_ITEMS_PER_REQUEST,
-    MAX_TEXT_CHARS,
     Item,
     RequestOptions,
     check_fields,
     check_text,
-    integral,
+    check_token_ids,
+    optional_field,
+    require_object,
 )
 
 TOKENIZE_FIELDS = frozenset({"items", "add_special_tokens", "input_type", "priority",
                              "timeout_s"})
 DECODE_FIELDS = frozenset({"items", "skip_special_tokens", "priority", "timeout_s"})
-
-
-def _object(body: Any) -> Mapping[str, Any]:
-    if not isinstance(body, Mapping):
-        raise HeronError(ErrorCode.MALFORMED_BODY, "body must be an object")
-    return body
-
-
-def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid_field(name, "must be a boolean")
-    return value
 
 
 def _count(values: list[Any], name: str) -> None:
@@ -66,24 +51,6 @@ def _options(body: Mapping[str, Any]) -> RequestOptions:
                                      if k in body})
 
 
-def token_ids(value: Any, name: str) -> tuple[int, ...]:
-    """A non-empty list of token ids, integers from 0 to MAX_INTEGER (the worker checks them
-    against the model's vocabulary), at most MAX_TEXT_CHARS of them."""
-    if not isinstance(value, list) or not value:
-        raise invalid_field(name, "must be a non-empty list of token ids")
-    if len(value) > MAX_TEXT_CHARS:
-        raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
-                         f"{name}: {len(value)} token ids is over {MAX_TEXT_CHARS}", field=name)
-    out = []
-    for i, raw in enumerate(value):
-        token = integral(raw)
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= MAX_INTEGER:
-            raise invalid_field(f"{name}[{i}]", f"must be a token id (an integer from 0 to "
-                                f"{MAX_INTEGER})")
-        out.append(token)
-    return tuple(out)
-
-
 @dataclass(slots=True)
 class TokenizeRequest:
     """Texts to tokenize as the model does for encode: after the prompt of ``input_type``'s
@@ -97,7 +64,7 @@ class TokenizeRequest:
 
     @classmethod
     def from_wire(cls, body: Any) -> TokenizeRequest:
-        body = _object(body)
+        body = require_object(body)
         check_fields(body, TOKENIZE_FIELDS)
         raw = body.get("items")
         if not isinstance(raw, list):
@@ -112,7 +79,8 @@ class TokenizeRequest:
         if input_type is not None and (not isinstance(input_type, str)
                                        or input_type not in INPUT_TYPES):
             raise invalid_field("input_type", f"must be one of {list(INPUT_TYPES)}")
-        return cls(items, _flag(body, "add_special_tokens", True), input_type, _options(body))
+        return cls(items, optional_field(body, "add_special_tokens", bool, True), input_type,
+                   _options(body))
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"items": [i.text for i in self.items],
@@ -135,14 +103,15 @@ class DecodeRequest:
 
     @classmethod
     def from_wire(cls, body: Any) -> DecodeRequest:
-        body = _object(body)
+        body = require_object(body)
         check_fields(body, DECODE_FIELDS)
         raw = body.get("items")
         if not isinstance(raw, list):
             raise invalid_field("items", "is required and must be a list of token id lists")
         _count(raw, "items")
-        sequences = [token_ids(ids, f"items[{i}]") for i, ids in enumerate(raw)]
-        return cls(sequences, _flag(body, "skip_special_tokens", True), _options(body))
+        sequences = [check_token_ids(ids, f"items[{i}]") for i, ids in enumerate(raw)]
+        return cls(sequences, optional_field(body, "skip_special_tokens", bool, True),
+                   _options(body))
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"items": [list(ids) for ids in self.sequences],

@@ -40,6 +40,7 @@ from heron_sdk.types import (
     ExtractRequest,
     ScoreRequest,
 )
+from tests.support.schema_agreement import parser_agrees_with_schema
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_DOC = openapi_document(INFERENCE_OPERATIONS, title="Heron", version="test")
@@ -207,25 +208,6 @@ def _validator(document: dict[str, Any], tp: Any) -> Callable[[Any], bool]:
     return jsonschema_rs.Draft202012Validator(root).is_valid
 
 
-def _parser_agrees_with_schema(body: Any, parse: Callable[[Any], object],
-                               valid: Callable[[Any], bool]) -> None:
-    """The parser takes ``body`` exactly when the schema allows it, and refuses it with a 4xx
-    otherwise. Values that are not JSON are the body codec's (400), not the parser's."""
-    if isinstance(body, NotSet | bytes | bytearray) or not isinstance(
-            body, dict | list | str | int | float | None):
-        return
-    try:
-        parse(body)
-        refused = None
-    except HeronError as exc:
-        refused = exc
-    if valid(body):
-        assert refused is None, f"the schema allows {body!r}; the parser says {refused}"
-    else:
-        assert refused is not None, f"the schema refuses {body!r}; the parser took it"
-        assert 400 <= refused.status < 500, refused
-
-
 @pytest.mark.parametrize("path", list(PARSERS))
 @pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE,
                                   schemathesis.GenerationMode.NEGATIVE])
@@ -244,7 +226,7 @@ def test_parsers_accept_what_the_schema_allows_and_refuse_the_rest(
             # No body, or a JSON null where the body is optional (renew): the route reads
             # both as "no body" and keeps the lease's TTL.
             return
-        _parser_agrees_with_schema(body, parse, valid)
+        parser_agrees_with_schema(body, parse, valid)
 
     check()
 
@@ -364,7 +346,7 @@ def test_the_model_config_parser_accepts_what_the_schema_allows_and_refuses_the_
             # integer bound) are ones it cannot generate from; about 1 draw in 3 of this
             # document's 17 profile fields hit one. Those draws are skipped, not the test.
             reject()
-        _parser_agrees_with_schema(case.body, _parse_posted, valid)
+        parser_agrees_with_schema(case.body, _parse_posted, valid)
 
     check()
 
