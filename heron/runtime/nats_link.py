@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
+from nats.js.errors import APIError
 
 SetupHook = Callable[[NatsClient, JetStreamContext], Awaitable[None]]
 
@@ -57,6 +58,13 @@ def parse_servers(servers: str | Sequence[str]) -> list[str]:
 def _default_logger_name(setup: SetupHook) -> str:
     package = getattr(setup, "__module__", "").rpartition(".")[0]
     return f"{package or 'heron'}.nats"
+
+
+
+def describe_nats_error(exc: BaseException) -> str:
+    """An error as an operator can act on it: JetStream's refusals carry their code and
+    description only in ``str`` (their repr is a bare ``ServerError()``)."""
+    return str(exc) if isinstance(exc, APIError) else repr(exc)
 
 
 class NatsLink:
@@ -186,7 +194,7 @@ class NatsLink:
             except Exception as exc:  # e.g. JetStream not ready yet, StreamMismatch
                 wait_s = SETUP_BACKOFF_S[min(failures, len(SETUP_BACKOFF_S) - 1)]
                 failures += 1
-                self.last_error = f"{what} failed: {exc!r}"
+                self.last_error = f"{what} failed: {describe_nats_error(exc)}"
                 self.log.error("%s; retrying in %.1fs", self.last_error, wait_s)
                 await asyncio.sleep(wait_s)
                 continue

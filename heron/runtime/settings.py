@@ -350,8 +350,9 @@ class WorkStreamSettings(Settings):
         3600.0, "Longest a work item may wait in its pool's stream before NATS drops it",
         "stream_max_age_s", above=0)
     stream_max_bytes: int = _stream(
-        1 << 30, "Bytes a pool's work stream may hold; past it, new work is refused "
-                 "(429 QUEUE_FULL)", "stream_max_bytes", minimum=1, size=True)
+        1 << 30, "Bytes a pool's work stream may hold, reserved on NATS's store when the "
+                 "stream is declared; past it, new work is refused (429 QUEUE_FULL)",
+        "stream_max_bytes", minimum=1, size=True)
     stream_ack_wait_s: float = _stream(
         5.0, "Seconds a work item stays with a worker that gives no sign of life before "
              "NATS hands it to another (a computing worker signals every half of this)",

@@ -293,7 +293,8 @@ def config_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("config-schema")
     nats = NatsServer(root / "nats").start()
     service = config_procs.InProcessConfig(
-        nats.url, root / "store", config_procs.write_bundles(root / "bundles"))
+        nats.url, root / "store", config_procs.write_bundles(root / "bundles"),
+        lease_ttl_s=config_procs.LONG_LEASE_S)
     try:
         service.start()
         yield service.url

@@ -80,7 +80,8 @@ def config_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     nats = NatsServer(root / "nats").start()
     service = config_procs.InProcessConfig(nats.url, root / "store",
                                            config_procs.write_bundles(root / "bundles"),
-                                           admin_token=ADMIN_TOKEN)
+                                           admin_token=ADMIN_TOKEN,
+                                           lease_ttl_s=config_procs.LONG_LEASE_S)
     try:
         service.start()
         yield service.url

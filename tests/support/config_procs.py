@@ -58,7 +58,12 @@ def model_body(model_id: str = "org/new-dense", **extra: Any) -> dict[str, Any]:
 
 
 class InProcessConfig:
-    """create_app served by uvicorn in a thread on a free loopback port."""
+    """create_app served by uvicorn in a thread on a free loopback port.
+
+    It shares the test's GIL: a test that generates cases (hypothesis) can stall its
+    renewals for over a second on a loaded 2-core machine, and a 2 s lease lapsed that way
+    in CI (a POST got 503 NOT_LEADER). Tests that only use the service, on a NATS of their
+    own, pass ``LONG_LEASE_S``."""
 
     def __init__(self, nats_url: str, store: str | Path, bundles_dir: Path, *,
                  admin_token: str | None = ADMIN, lease_ttl_s: float = 2.0,
@@ -93,6 +98,9 @@ class InProcessConfig:
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         kwargs.setdefault("headers", self.headers)
         return httpx.get(f"{self.url}{path}", timeout=30, **kwargs)
+
+
+LONG_LEASE_S = 30.0
 
 
 def wait_status(url: str, timeout_s: float, *, leader: bool | None = None,

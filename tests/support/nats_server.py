@@ -20,6 +20,8 @@ import nats
 
 from tests.support.servers import free_port
 
+TEST_MAX_FILE_STORE = "16T"  # room for 16,000 pools' 1 GiB reservations
+
 
 def nats_binary() -> str:
     path = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
@@ -67,11 +69,16 @@ class NatsServer:
                      "--routes", ",".join(f"nats://127.0.0.1:{p}" for p in self.routes)]
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]
-        if self.max_payload is not None:  # no command-line flag for it: a config file
-            conf = self.store_dir / f"nats-{self.port}.conf"
-            conf.write_text(f"max_payload: {self.max_payload}\n")
-            args += ["-c", str(conf)]
-        return args
+        # No command-line flag for these: a config file. Every pool's work stream reserves
+        # its max_bytes (1 GiB) of the store, and nats-server's default store is 75% of the
+        # free disk: a session-long server refused its 51st pool ("insufficient storage
+        # resources available", 10047) on a machine with 68 GB free. Tests write kilobytes.
+        conf = self.store_dir / f"nats-{self.port}.conf"
+        lines = [f"jetstream {{ max_file_store: {TEST_MAX_FILE_STORE} }}"]
+        if self.max_payload is not None:
+            lines.append(f"max_payload: {self.max_payload}")
+        conf.write_text("\n".join(lines) + "\n")
+        return [*args, "-c", str(conf)]
 
     def start(self, timeout_s: float = 10) -> NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
