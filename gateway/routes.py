@@ -50,6 +50,7 @@ from heron.runtime.backend import (
 from heron.runtime.http import note_route, respond
 from heron.runtime.inference_app import build_inference_app
 from heron.runtime.logs import current_request
+from heron.runtime.modelconfig import lora_source
 from heron.runtime.nats_link import NatsLink
 from heron.runtime.nats_names import (
     STATUS_WILDCARD,
@@ -228,6 +229,7 @@ class GatewayApp:
     async def _dispatch(self, route: ModelRoute, task: str, wire_body: dict[str, Any],
                         items: list[Item], options: RequestOptions, call: InferenceCall,
                         shared_text: str = "", partial: bool = False) -> Reassembly:
+        lora_source(route.config, options.adapter)  # 404 for an adapter it does not list
         timeout_s = options.timeout_s or self.settings.default_timeout_s
         # First: with NATS away, heartbeats stop too, and the pool would look cold (202).
         await self.dispatcher.ensure_nats(timeout_s, call.received_at)

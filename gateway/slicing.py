@@ -19,6 +19,9 @@ from heron_sdk.types import Item
 CHARS_PER_TOKEN = 4
 # msgpack framing of one item ({"text", "id"} map, string headers), rounded up.
 ITEM_OVERHEAD_BYTES = 24
+# An image item's tokens, for slicing: the gateway cannot know the model's patch count;
+# CLIP ViT-B/16 at 224 px has 197 (ViT-B/32: 50, SigLIP so400m/14 at 384: 729).
+IMAGE_TOKENS = 197
 # Room for a work item's headers (request id, reply subject, deadline, ...; ~300 bytes).
 HEADER_BYTES = 1024
 # Headers plus the request's other fields (options, output types, ...).
@@ -43,10 +46,15 @@ def estimate_tokens(text: str) -> int:
 
 def item_tokens(item: Item) -> int:
     """An item's estimated tokens: counted when it is given as token ids."""
+    if item.image is not None:
+        return IMAGE_TOKENS
     return len(item.tokens) + 2 if item.tokens is not None else estimate_tokens(item.text)
 
 
 def item_bytes(item: Item) -> int:
+    if item.image is not None:  # msgpack bin: the bytes themselves
+        size = len(item.image) + ITEM_OVERHEAD_BYTES
+        return size if item.id is None else size + len(item.id.encode())
     if item.tokens is not None:  # msgpack ints: 1 to 5 bytes each
         size = 5 * len(item.tokens) + ITEM_OVERHEAD_BYTES
         return size if item.id is None else size + len(item.id.encode())

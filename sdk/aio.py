@@ -117,7 +117,7 @@ class AsyncClient:
                               options=options)
         return stream.run_async(self._run_split)
 
-    async def score(self, model: str, query: str, items: Sequence[ItemLike],
+    async def score(self, model: str, query: str | Any, items: Sequence[ItemLike],
                     **options: Unpack[ScoreOptions]) -> ScoreResult:
         return await self._run_split(self._b.score(model, query, items, options))
 
@@ -224,7 +224,7 @@ class AsyncPool(PoolLeaseState):
                                          max_in_flight=max_in_flight, progress=progress,
                                          total=total, **{**options, "pool": self.name})
 
-    async def score(self, model: str, query: str, items: Sequence[ItemLike],
+    async def score(self, model: str, query: str | Any, items: Sequence[ItemLike],
                     **options: Unpack[ScoreOptions]) -> ScoreResult:
         return await self.client.score(model, query, items, **{**options, "pool": self.name})
 

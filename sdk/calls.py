@@ -24,6 +24,7 @@ from heron_sdk.errors import (
     ProvisioningTimeout,
     error_for_status,
 )
+from heron_sdk.images import MAX_IMAGES_PER_REQUEST, image_bytes
 from heron_sdk.pools import POOL_HEADER
 from heron_sdk.results import EncodeResult, ExtractResult, ScoreResult, merge_bodies
 from heron_sdk.types import (
@@ -35,7 +36,9 @@ from heron_sdk.types import (
     ScoreRequest,
 )
 
-ItemLike = str | Item
+# A text, an Item, or an image: its file's bytes or a PIL.Image.Image (Any: the SDK does not
+# import Pillow; heron_sdk.images).
+ItemLike = str | Item | bytes | Any
 
 # 503 codes that mean "capacity is on its way": waited out like a 202.
 CAPACITY_CODES = {ErrorCode.MODEL_LOADING, ErrorCode.INSUFFICIENT_MEMORY, ErrorCode.NOT_READY,
@@ -182,9 +185,11 @@ def as_items(items: Sequence[ItemLike] | str) -> list[Item]:
             out.append(item)
         elif isinstance(item, str):
             out.append(Item(item))
+        elif (image := image_bytes(item)) is not None:
+            out.append(Item.of_image(image))
         else:
-            raise TypeError(f"items[{n}] must be a str or an sdk.Item, not "
-                            f"{type(item).__name__}")
+            raise TypeError(f"items[{n}] must be a str or an sdk.Item (or an image: bytes, "
+                            f"a PIL image), not {type(item).__name__}")
     if not out:
         raise ValueError("items must not be empty")
     return out
@@ -194,13 +199,18 @@ def chunks(items: list[Item], max_items: int = MAX_ITEMS_PER_REQUEST,
            max_bytes: int = MAX_CHUNK_TEXT_BYTES) -> list[tuple[int, list[Item]]]:
     """Consecutive (offset, items) pieces each within the server's per-request limits."""
     out: list[tuple[int, list[Item]]] = []
-    start, size = 0, 0
+    start, size, images = 0, 0, 0
     for n, item in enumerate(items):
-        nbytes = len(item.text.encode("utf-8", "surrogatepass"))
-        if n > start and (n - start >= max_items or size + nbytes > max_bytes):
+        image = item.image is not None
+        # An image goes as base64 under JSON: 4 bytes for 3.
+        nbytes = (len(item.image) * 4 // 3 + 4 if item.image is not None
+                  else len(item.text.encode("utf-8", "surrogatepass")))
+        if n > start and (n - start >= max_items or size + nbytes > max_bytes
+                          or (image and images >= MAX_IMAGES_PER_REQUEST)):
             out.append((start, items[start:n]))
-            start, size = n, 0
+            start, size, images = n, 0, 0
         size += nbytes
+        images += image
     out.append((start, items[start:]))
     return out
 
@@ -234,6 +244,7 @@ class CallOptions(TypedDict):
     timeout: NotRequired[float | None]  # seconds for the call; also sent as timeout_s
     wait_for_capacity: NotRequired[bool | None]  # wait out 202/503 (default: the client's)
     provision_timeout_s: NotRequired[float | None]  # how long to wait for capacity
+    adapter: NotRequired[str | None]  # a LoRA adapter the model's config lists
 
 
 class EncodeOptions(CallOptions):
@@ -295,7 +306,8 @@ class CallBuilder:
                opts: CallOptions, output_dtype: str = "float32",
                top_k: int | None = None) -> tuple[SplitCall, CallPolicy]:
         options = RequestOptions(truncate=opts.get("truncate", True),
-                                 priority=opts.get("priority", 0), timeout_s=opts.get("timeout"))
+                                 priority=opts.get("priority", 0), timeout_s=opts.get("timeout"),
+                                 adapter=opts.get("adapter"))
         pieces = chunks(as_items(items), self.max_items, self.max_chunk_bytes)
         pool = opts.get("pool")
         calls = [self.request("POST", f"/v1/{task}/{model}", body(part, options), pool=pool)
@@ -317,7 +329,7 @@ class CallBuilder:
         dtype = opts.get("output_dtype", "float32")
         return self._split("encode", model, items, body, opts, output_dtype=dtype)
 
-    def score(self, model: str, query: str, items: Sequence[ItemLike],
+    def score(self, model: str, query: str | Any, items: Sequence[ItemLike],
               opts: ScoreOptions) -> tuple[SplitCall, CallPolicy]:
         check_keys(opts, ScoreOptions)
         top_k = opts.get("top_k")
@@ -325,9 +337,12 @@ class CallBuilder:
 
         def body(part: list[Item], options: RequestOptions) -> dict[str, Any]:
             # top_k applies to the whole call: with several chunks, after the merge.
-            return ScoreRequest(query=query, items=part, top_k=top_k if pieces == 1 else None,
+            return ScoreRequest(query="" if picture is not None else query, items=part,
+                                top_k=top_k if pieces == 1 else None,
                                 max_tokens_per_doc=opts.get("max_tokens_per_doc"),
-                                options=options).to_wire()
+                                options=options, query_image=picture).to_wire()
+
+        picture = image_bytes(query)  # an image query: bytes or a PIL image
 
         return self._split("score", model, items, body, opts, top_k=top_k)
 

@@ -135,7 +135,7 @@ class Client:
                               options=options)
         return stream.run_sync(self._run_split)
 
-    def score(self, model: str, query: str, items: Sequence[ItemLike],
+    def score(self, model: str, query: str | Any, items: Sequence[ItemLike],
               **options: Unpack[ScoreOptions]) -> ScoreResult:
         """``items`` ranked against ``query``, best first."""
         return self._run_split(self._b.score(model, query, items, options))
@@ -290,7 +290,7 @@ class Pool(PoolLeaseState):
                                          max_in_flight=max_in_flight, progress=progress,
                                          total=total, **{**options, "pool": self.name})
 
-    def score(self, model: str, query: str, items: Sequence[ItemLike],
+    def score(self, model: str, query: str | Any, items: Sequence[ItemLike],
               **options: Unpack[ScoreOptions]) -> ScoreResult:
         return self.client.score(model, query, items, **{**options, "pool": self.name})
 

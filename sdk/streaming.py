@@ -45,6 +45,7 @@ from heron_sdk.calls import (
     check_keys,
 )
 from heron_sdk.errors import ServerError
+from heron_sdk.images import MAX_IMAGES_PER_REQUEST, image_bytes
 from heron_sdk.results import EncodedChunk, EncodeResult
 from heron_sdk.types import Item
 
@@ -76,7 +77,10 @@ def as_item(value: object, position: int) -> Item:
         return value
     if isinstance(value, str):
         return Item(value)
-    raise TypeError(f"items[{position}] must be a str or an Item, not {type(value).__name__}")
+    if (image := image_bytes(value)) is not None:
+        return Item.of_image(image)
+    raise TypeError(f"items[{position}] must be a str or an Item (or an image: bytes, a PIL "
+                    f"image), not {type(value).__name__}")
 
 
 class ChunkBuilder:
@@ -92,6 +96,7 @@ class ChunkBuilder:
         self._seq = 0
         self._items: list[Item] = []
         self._bytes = 0
+        self._images = 0  # image items in the open chunk (MAX_IMAGES_PER_REQUEST a request)
 
     def add(self, value: object) -> list[Chunk]:
         """Take the next input item; the chunks it closes (none, one or two)."""
@@ -99,11 +104,15 @@ class ChunkBuilder:
         self.seen += 1
         size = len(item.text.encode("utf-8", "surrogatepass"))
         size += 8 * len(getattr(item, "tokens", None) or ())  # token-id items: ids on the wire
+        image = item.image is not None
+        size += len(item.image) * 4 // 3 if item.image is not None else 0  # base64 in JSON
         out = []
-        if self._items and self._bytes + size > self.max_bytes:
+        if self._items and (self._bytes + size > self.max_bytes
+                            or (image and self._images >= MAX_IMAGES_PER_REQUEST)):
             out.append(self._close())
         self._items.append(item)
         self._bytes += size
+        self._images += image
         if len(self._items) >= self.chunk_size:
             out.append(self._close())
         return out
@@ -115,7 +124,7 @@ class ChunkBuilder:
 
     def _close(self) -> Chunk:
         chunk = Chunk(self._seq, self.seen - len(self._items), self._items)
-        self._seq, self._items, self._bytes = self._seq + 1, [], 0
+        self._seq, self._items, self._bytes, self._images = self._seq + 1, [], 0, 0
         return chunk
 
 

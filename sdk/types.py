@@ -10,6 +10,7 @@ envelopes ``{"b64", "dtype", "shape"}`` when the request asks for ``encoding: "b
 from __future__ import annotations
 
 import math
+import re
 import reprlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
+from heron_sdk.images import MAX_IMAGES_PER_REQUEST, check_image
 from heron_sdk.wire import array_to_base64
 
 TASKS = ("encode", "score", "extract")
@@ -35,10 +37,22 @@ MAX_INTEGER = 2**31 - 1
 # The shortest deadline a request may ask for: 1 ms. A smaller one (5e-324 in a fuzzed
 # body) has passed before the request is read; it is bad input, not a deadline missed.
 MIN_TIMEOUT_S = 0.001
+# extract's labels: entity types to keep, or for a zero-shot model (GLiNER) the prompt every
+# text is encoded with, so their number and length bound the work of each item.
+MAX_LABELS = 50
+MAX_LABEL_CHARS = 100
+
+# A LoRA adapter's name (a model config's ``loras`` keys, the ``adapter`` field, the part
+# after "@" in ``model@adapter``): subject- and path-safe, so it travels anywhere a model does.
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+_ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# A model field that may say ``model@adapter`` (heron.runtime.modelconfig.split_adapter's
+# rule): no "@", or a model name, "@" and an adapter name after the last "@".
+MODEL_ADAPTER_PATTERN = r"^(?:[^@]+|[\s\S]+@[A-Za-z0-9][A-Za-z0-9._-]{0,63})$"
 
 # The fields each body may hold; any other is a 422 naming it (a misspelt option would
 # otherwise be dropped without a word and the request answered as if it were not there).
-OPTION_FIELDS = frozenset({"truncate", "priority", "timeout_s", "encoding"})
+OPTION_FIELDS = frozenset({"truncate", "priority", "timeout_s", "encoding", "adapter"})
 ENCODE_FIELDS = OPTION_FIELDS | {"items", "output_types", "output_dtype", "dims", "is_query",
                                  "instruction", "input_type"}
 SCORE_FIELDS = OPTION_FIELDS | {"query", "items", "top_k", "max_tokens_per_doc"}
@@ -84,15 +98,20 @@ def check_finite(value: Any, name: str) -> None:
 @dataclass(frozen=True, slots=True)
 class Item:
     """A text, or (encode only) the model's own token ids in place of a text: OpenAI's
-    token-id input. The server adds the model's special tokens around them."""
+    token-id input. The server adds the model's special tokens around them. Or (encode and
+    score, image models) an image's encoded bytes (PNG, JPEG, WebP, ...)."""
 
     text: str
     id: str | None = None
     tokens: tuple[int, ...] | None = None  # then ``text`` is ""
+    image: bytes | None = None  # then ``text`` is ""
 
     def to_wire(self) -> dict[str, Any] | str:
         if self.tokens is not None:
             out: dict[str, Any] = {"tokens": list(self.tokens)}
+            return out if self.id is None else {**out, "id": self.id}
+        if self.image is not None:  # raw bytes: msgpack bin; heron_sdk.wire's JSON, base64
+            out = {"image": self.image}
             return out if self.id is None else {**out, "id": self.id}
         return self.text if self.id is None else {"text": self.text, "id": self.id}
 
@@ -100,10 +119,16 @@ class Item:
     def of_tokens(cls, tokens: Sequence[int], id: str | None = None) -> Item:
         return cls("", id, tuple(tokens))
 
+    @classmethod
+    def of_image(cls, data: bytes, id: str | None = None) -> Item:
+        """An image given as its file's bytes (PNG, JPEG, WebP, GIF, BMP)."""
+        return cls("", id, None, bytes(data))
+
 
 def _parse_items(body: Mapping[str, Any], name: str = "items", *,
-                 tokens: bool = False) -> list[Item]:
-    """``tokens``: items may be ``{"tokens": [ids]}`` (encode only)."""
+                 tokens: bool = False, images: bool = False) -> list[Item]:
+    """``tokens``: items may be ``{"tokens": [ids]}`` (encode only); ``images``: items
+    may be ``{"image": ...}`` (encode and score)."""
     raw = body.get(name)
     if raw is None:
         raise invalid_field(name, "is required")
@@ -119,11 +144,12 @@ def _parse_items(body: Mapping[str, Any], name: str = "items", *,
             field=name,
         )
     items: list[Item] = []
+    known = ITEM_FIELDS | ({"tokens"} if tokens else set()) | ({"image"} if images else set())
     for i, entry in enumerate(raw):
         if isinstance(entry, str):
             items.append(Item(check_text(entry, f"{name}[{i}]")))
         elif isinstance(entry, Mapping):
-            check_fields(entry, TOKEN_ITEM_FIELDS if tokens else ITEM_FIELDS, f"{name}[{i}]")
+            check_fields(entry, known, f"{name}[{i}]")
             item_id = integral(entry.get("id"))
             if item_id is not None and (isinstance(item_id, bool)
                                         or not isinstance(item_id, str | int)):
@@ -135,12 +161,25 @@ def _parse_items(body: Mapping[str, Any], name: str = "items", *,
                 items.append(Item.of_tokens(check_token_ids(entry["tokens"],
                                                             f"{name}[{i}].tokens"), item_id))
                 continue
+            if images and "image" in entry:
+                if "text" in entry or "tokens" in entry:
+                    raise invalid_field(f"{name}[{i}]", "takes an image or a text, not both")
+                items.append(Item.of_image(check_image(entry["image"], f"{name}[{i}].image"),
+                                           item_id))
+                continue
             text = entry.get("text")
             if not isinstance(text, str):
                 raise invalid_field(f"{name}[{i}].text", "is required and must be a string")
             items.append(Item(check_text(text, f"{name}[{i}].text"), item_id))
         else:
             raise invalid_field(f"{name}[{i}]", "must be a string or a {text, id} object")
+    if images:
+        count = sum(1 for item in items if item.image is not None)
+        if count > MAX_IMAGES_PER_REQUEST:
+            raise HeronError(ErrorCode.TOO_MANY_IMAGES,
+                             f"{name}: {count} images is over the limit of "
+                             f"{MAX_IMAGES_PER_REQUEST} per request; split the request",
+                             field=name)
     return items
 
 
@@ -218,6 +257,7 @@ class RequestOptions:
     priority: int = 0
     timeout_s: float | None = None
     encoding: str = "float"
+    adapter: str | None = None  # a LoRA adapter of the model (None: the base model)
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> RequestOptions:
@@ -231,15 +271,29 @@ class RequestOptions:
         encoding = optional_field(body, "encoding", str, "float")
         if encoding not in ENCODINGS:
             raise invalid_field("encoding", f"must be one of {list(ENCODINGS)}")
+        adapter = optional_field(body, "adapter", str, None)
+        if adapter is not None:
+            check_adapter_name(adapter, "adapter")
         return cls(truncate=optional_field(body, "truncate", bool, True), priority=priority,
-                   timeout_s=None if timeout_s is None else float(timeout_s), encoding=encoding)
+                   timeout_s=None if timeout_s is None else float(timeout_s), encoding=encoding,
+                   adapter=adapter)
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"truncate": self.truncate, "priority": self.priority,
                                "encoding": self.encoding}
         if self.timeout_s is not None:
             out["timeout_s"] = self.timeout_s
+        if self.adapter is not None:
+            out["adapter"] = self.adapter
         return out
+
+
+def check_adapter_name(name: str, field_name: str) -> str:
+    """422 INVALID_FIELD unless ``name`` is a well-formed adapter name."""
+    if not _ADAPTER_NAME.fullmatch(name):
+        raise invalid_field(field_name, f"{shown(name)} is not an adapter name (1 to 64 "
+                            "letters, digits and ._-, starting with a letter or digit)")
+    return name
 
 
 @dataclass(slots=True)
@@ -281,7 +335,7 @@ class EncodeRequest:
                 raise invalid_field("input_type", f"must be one of {list(INPUT_TYPES)}")
             is_query = side == "query"
         return cls(
-            items=_parse_items(body, tokens=True),
+            items=_parse_items(body, tokens=True, images=True),
             output_types=tuple(dict.fromkeys(output_types)),
             output_dtype=output_dtype,
             dims=dims,
@@ -315,25 +369,36 @@ class ScoreRequest:
     # Each item is cut to this many tokens first (Cohere's max_tokens_per_doc); the
     # model's own limit applies on top.
     max_tokens_per_doc: int | None = None
+    # An image query (wire: ``"query": {"image": ...}``; image models): then ``query`` is "".
+    query_image: bytes | None = None
 
     @classmethod
     def from_wire(cls, body: Any) -> ScoreRequest:
         body = require_object(body)
         check_fields(body, SCORE_FIELDS)
         query = body.get("query")
+        query_image = None
+        if isinstance(query, Mapping):
+            check_fields(query, {"image"}, "query")
+            if "image" not in query:
+                raise invalid_field("query.image", "is required in an image query")
+            query_image, query = check_image(query["image"], "query.image"), ""
         if not isinstance(query, str):
-            raise invalid_field("query", "is required and must be a string")
+            raise invalid_field("query", "is required and must be a string or {image}")
         top_k = optional_field(body, "top_k", int, None)
         if top_k is not None and top_k <= 0:
             raise invalid_field("top_k", "must be a positive integer")
         max_tokens = optional_field(body, "max_tokens_per_doc", int, None)
         if max_tokens is not None and max_tokens <= 0:
             raise invalid_field("max_tokens_per_doc", "must be a positive integer")
-        return cls(query=check_text(query, "query"), items=_parse_items(body), top_k=top_k,
-                   max_tokens_per_doc=max_tokens, options=RequestOptions.from_wire(body))
+        items = _parse_items(body, images=True)  # an image query is not counted
+        return cls(query=check_text(query, "query"), items=items, top_k=top_k,
+                   max_tokens_per_doc=max_tokens, options=RequestOptions.from_wire(body),
+                   query_image=query_image)
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"query": self.query, "items": [i.to_wire() for i in self.items],
+        query: Any = self.query if self.query_image is None else {"image": self.query_image}
+        out: dict[str, Any] = {"query": query, "items": [i.to_wire() for i in self.items],
                                **self.options.to_wire()}
         if self.top_k is not None:
             out["top_k"] = self.top_k
@@ -353,9 +418,7 @@ class ExtractRequest:
     def from_wire(cls, body: Any) -> ExtractRequest:
         body = require_object(body)
         check_fields(body, EXTRACT_FIELDS)
-        labels = optional_field(body, "labels", list, None)
-        if labels is not None and not all(isinstance(x, str) and x for x in labels):
-            raise invalid_field("labels", "must be a list of non-empty strings")
+        labels = check_labels(optional_field(body, "labels", list, None))
         threshold = optional_field(body, "threshold", (int, float), 0.0)
         if not 0.0 <= threshold <= 1.0:
             raise invalid_field("threshold", "must be between 0 and 1")
@@ -368,6 +431,22 @@ class ExtractRequest:
         if self.labels is not None:
             out["labels"] = self.labels
         return out
+
+
+def check_labels(labels: list[Any] | None) -> list[str] | None:
+    """extract's labels: 1 to MAX_LABELS non-empty strings of at most MAX_LABEL_CHARS
+    characters each (422 INVALID_FIELD naming the field otherwise)."""
+    if labels is None:
+        return None
+    if not 1 <= len(labels) <= MAX_LABELS:
+        raise invalid_field("labels", f"must hold 1 to {MAX_LABELS} labels, got {len(labels)}")
+    for i, label in enumerate(labels):
+        if not isinstance(label, str) or not label:
+            raise invalid_field(f"labels[{i}]", "must be a non-empty string")
+        if len(label) > MAX_LABEL_CHARS:
+            raise invalid_field(f"labels[{i}]", f"is {len(label)} characters, over the limit "
+                                                f"of {MAX_LABEL_CHARS}")
+    return labels
 
 
 def check_outputs(model_id: str, supported: frozenset[str], req: EncodeRequest) -> None:

@@ -144,9 +144,12 @@ def encode(obj: Any, fmt: str) -> bytes:
 
 
 def _json_default(obj: Any) -> Any:
-    """What orjson cannot write natively (non-contiguous arrays, odd dtypes)."""
+    """What orjson cannot write natively (non-contiguous arrays, odd dtypes; bytes, which
+    JSON carries as base64: an image item's)."""
     if isinstance(obj, np.ndarray | np.generic):
         return to_jsonable(obj)
+    if isinstance(obj, bytes | bytearray):
+        return base64.b64encode(obj).decode()
     raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
 
 

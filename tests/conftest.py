@@ -52,6 +52,7 @@ TINY_CONFIGS = {
     "tiny-dense-cls": ("dense", {"pooling": "cls", "query_instruction": "query: ",
                                  "document_instruction": "passage: "}),
     "tiny-sentencepiece": ("dense", {"pooling": "mean"}),
+    "tiny-gliner": ("gliner", {}),
 }
 
 

@@ -57,6 +57,9 @@ class WorkItem:
     future: asyncio.Future
     enqueued_at: float = field(default_factory=time.monotonic)
     seq: int = 0
+    # The LoRA adapter the item is computed with (worker/lora.py; None: the base model).
+    # Batches may mix adapters: each row is computed with its own, so it is no batch key.
+    lora: Any = None
 
 
 class TokenBudgetBatcher:

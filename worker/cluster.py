@@ -131,7 +131,8 @@ class WorkerCluster:
             "address": self.queue.address,
             "items_done": sum(e.items_done for e in entries),
             "model_items": {e.config.id: e.items_done for e in entries if e.items_done},
-            "model_memory": {e.config.id: e.resident_bytes for e in entries if e.runner},
+            "model_memory": {e.config.id: e.resident_bytes + e.runner.loras.resident_bytes
+                             for e in entries if e.runner},  # LoRA adapters included
             # What "auto" configs loaded as, so gateways route and describe them exactly.
             "model_adapters": {e.config.id: e.runner.adapter.name for e in entries
                                if e.runner and e.config.adapter == AUTO},

@@ -235,8 +235,9 @@ class ModelRegistry:
                    for n in self._required)
 
     def resident_bytes(self) -> int:
-        return sum(e.resident_bytes for e in self._entries.values()
-                   if e.state is LoadState.READY)
+        """Loaded models' weights, their LoRA adapters' included."""
+        return sum(e.resident_bytes + (e.runner.loras.resident_bytes if e.runner else 0)
+                   for e in self._entries.values() if e.state is LoadState.READY)
 
     def apply_bundle(self, bundle: Bundle) -> list[str]:
         """The bundle as the config service now has it: models it gained are added and
@@ -249,7 +250,7 @@ class ModelRegistry:
                 self._entries[config.id] = ModelEntry(config)
                 added.append(config.id)
             else:
-                entry.config = config
+                entry.config = config  # its runner's LoRA adapters read it from here
             for name in (config.id, *config.aliases):
                 self._names.setdefault(name, config.id)
         self.bundle = bundle
@@ -345,6 +346,10 @@ class ModelRegistry:
                              infer_pool=self._cpu_infer_pool if device.type == "cpu" else None,
                              autocast_dtype=autocast_dtype, on_batch=on_batch,
                              arrivals_open=self._arrivals_open)
+        # LoRA adapters: the entry's config as deltas update it, and a load evicts other
+        # idle models if memory needs it.
+        runner.loras.config_of = lambda: entry.config
+        runner.loras.make_room = functools.partial(self._make_room, entry)
         entry.device = str(device)
         entry.dtype = str(autocast_dtype or weights_dtype).removeprefix("torch.")
         return runner

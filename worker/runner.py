@@ -20,6 +20,8 @@ import torch
 
 from heron.worker.adapters import Adapter, TextInput, Tokenized
 from heron.worker.batcher import TokenBudgetBatcher, WorkItem
+from heron.worker.images import ImageInput
+from heron.worker.lora import LoraSet
 from heron.worker.memory import HeapTrimmer
 from heron_sdk.errors import ErrorCode, HeronError
 
@@ -64,6 +66,8 @@ class ModelRunner:
             1, thread_name_prefix=f"infer-{adapter.name}")
         self._autocast_dtype = autocast_dtype
         self._on_batch = on_batch
+        # The model's LoRA adapters; they change the model only on the inference thread.
+        self.loras = LoraSet(adapter, self._infer_pool)
         self._trimmer = HeapTrimmer()
         self._task: asyncio.Task | None = None
         self.in_flight = 0
@@ -91,11 +95,14 @@ class ModelRunner:
                                                          items)
 
     # ---- request side ------------------------------------------------------------------
-    async def tokenize(self, inputs: list[TextInput], query: bool = False,
+    async def tokenize(self, inputs: list[TextInput | ImageInput], query: bool = False,
                        prompt: str = "") -> list[Tokenized]:
-        if len(inputs) <= INLINE_TOKENIZE_ITEMS and sum(
+        # Images always decode on the pool (milliseconds each: never on the event loop).
+        if len(inputs) <= INLINE_TOKENIZE_ITEMS and not any(
+                isinstance(x, ImageInput) for x in inputs) and sum(
                 len(x) if isinstance(x, str) else len(x[0]) + len(x[1])
-                if isinstance(x, tuple) else 0 for x in inputs  # token ids: nothing to do
+                if isinstance(x, tuple) else len(getattr(x, "text", ""))  # token ids: 0
+                for x in inputs
         ) <= INLINE_TOKENIZE_CHARS:
             tokens = self.adapter.tokenize_now(inputs, query, prompt)
             if tokens is not None:
@@ -110,14 +117,15 @@ class ModelRunner:
             self._tokenize_pool, self.adapter.clip, texts, max_tokens)
 
     async def infer(self, items: list[Tokenized], *, priority: int = 0,
-                    deadline: float | None = None) -> list[ItemResult]:
+                    deadline: float | None = None, lora: Any = None) -> list[ItemResult]:
+        """``lora``: the LoRA adapter (``LoraSet.use``) every item is computed with."""
         if self._task is None:  # evicted between picking this runner and now
             raise HeronError(ErrorCode.MODEL_LOADING, f"model {self.adapter.config.id} was "
                              "unloaded to free memory and is loading again",
                              retry_after_s=2.0)
         loop = asyncio.get_running_loop()
         work = [WorkItem(payload=t, length=t.length, priority=priority, deadline=deadline,
-                         future=loop.create_future()) for t in items]
+                         future=loop.create_future(), lora=lora) for t in items]
         self.batcher.submit(work)
         self.in_flight += 1
         try:
@@ -138,7 +146,7 @@ class ModelRunner:
             batch = await self.batcher.next_batch()
             self.in_forward = len(batch)
             future = loop.run_in_executor(self._infer_pool, self._run_batch,
-                                          [w.payload for w in batch])
+                                          [w.payload for w in batch], [w.lora for w in batch])
             try:
                 await self._deliver(batch, future)
             finally:
@@ -165,20 +173,27 @@ class ModelRunner:
         if self._on_batch is not None:
             self._on_batch(BatchStats(len(batch), computed, real, inference_s))
 
-    def _run_batch(self, items: list[Tokenized]) -> tuple[list[Any], float, float]:
+    def _run_batch(self, items: list[Tokenized], loras: list[Any] | None = None
+                   ) -> tuple[list[Any], float, float]:
         """Collate, forward, postprocess: on the inference thread. Times are measured here
-        so that time spent queued behind the previous batch counts as queue time."""
+        so that time spent queued behind the previous batch counts as queue time.
+        ``loras``: each item's LoRA adapter (None: the base model)."""
         started = time.monotonic()
-        adapter = self.adapter
         with torch.inference_mode():
-            batch = adapter.collate(items)
+            # One pass, unless the items' LoRA adapters cannot share one (worker/lora.py).
+            values = self.loras.run(items, loras, self._compute)
+        ended = time.monotonic()
+        self._trimmer.maybe_trim(ended)  # on this thread: between batches, off the loop
+        return values, started, ended
+
+    def _compute(self, items: list[Tokenized], loras: list[Any] | None) -> list[Any]:
+        adapter = self.adapter
+        batch = adapter.collate(items)
+        with self.loras.applied(batch, loras):
             if self._autocast_dtype is not None:
                 with torch.autocast(device_type=adapter.device.type,
                                     dtype=self._autocast_dtype):
                     output = adapter.forward(batch)
             else:
                 output = adapter.forward(batch)
-            values = adapter.postprocess(batch, output)
-        ended = time.monotonic()
-        self._trimmer.maybe_trim(ended)  # on this thread: between batches, off the loop
-        return values, started, ended
+        return adapter.postprocess(batch, output)

@@ -18,7 +18,9 @@ import numpy as np
 
 from heron.runtime import telemetry
 from heron.runtime.http import server_timing
+from heron.runtime.modelconfig import lora_source
 from heron.worker.adapters import Adapter, TextInput, TokenIds, Tokenized
+from heron.worker.images import ImageInput
 from heron.worker.outputs import quantize, truncate_dims
 from heron.worker.registry import ModelEntry, ModelRegistry
 from heron.worker.runner import ItemResult, ModelRunner
@@ -64,14 +66,27 @@ class Outcome:
     model: str
 
 
-def encode_inputs(adapter: Adapter, req: EncodeRequest) -> list[TextInput]:
+def image_input(adapter: Adapter, data: bytes, field: str) -> ImageInput:
+    """An image item for ``adapter``; 422 naming it when the model takes texts only."""
+    if not adapter.accepts_images:
+        raise HeronError(ErrorCode.INVALID_FIELD,
+                         f"{field}: model {adapter.config.id} takes texts only (images go "
+                         "to image models: adapter clip)", field=field)
+    return ImageInput(data, field)
+
+
+def encode_inputs(adapter: Adapter, req: EncodeRequest) -> list[TextInput | ImageInput]:
     """The texts of ``req``, with items given as token ids checked against the model (422
-    naming the item: a coalesced neighbour's items are not this request's fault)."""
-    if all(i.tokens is None for i in req.items):
+    naming the item: a coalesced neighbour's items are not this request's fault), and its
+    images (decoded later, on the tokenizer pool)."""
+    if all(i.tokens is None and i.image is None for i in req.items):
         return [i.text for i in req.items]
-    inputs: list[TextInput] = []
+    inputs: list[TextInput | ImageInput] = []
     vocab = adapter.vocab_size
     for n, item in enumerate(req.items):
+        if item.image is not None:
+            inputs.append(image_input(adapter, item.image, f"items[{n}].image"))
+            continue
         if item.tokens is None:
             inputs.append(item.text)
             continue
@@ -111,14 +126,16 @@ class InferenceService:
         # runner is busy, and LRU eviction leaves busy models alone.
         runner.in_flight += 1
         try:
-            return await self._tokenize_and_infer(runner, inputs, options, timings, queries,
-                                                  prompts)
+            # The request's LoRA adapter stays loaded until its items are computed.
+            async with runner.loras.use(options.adapter) as lora:
+                return await self._tokenize_and_infer(runner, inputs, options, timings,
+                                                      queries, prompts, lora)
         finally:
             runner.in_flight -= 1
 
     async def _tokenize_and_infer(self, runner: ModelRunner, inputs: list[TextInput],
                                   options: RequestOptions, timings: Timings, queries: int,
-                                  prompts: tuple[str, str]
+                                  prompts: tuple[str, str], lora: Any = None
                                   ) -> tuple[list[Tokenized], list[ItemResult]]:
         started = time.monotonic()
         deadline = started + options.timeout_s if options.timeout_s else None
@@ -139,7 +156,7 @@ class InferenceService:
                         f"items[{i}]: longer than the model's {runner.adapter.max_length} tokens"
                         " and truncate is false", field=f"items[{i}]")
         submitted = time.monotonic()
-        coro = runner.infer(tokens, priority=options.priority, deadline=deadline)
+        coro = runner.infer(tokens, priority=options.priority, deadline=deadline, lora=lora)
         try:
             if deadline is None:
                 results = await coro
@@ -173,7 +190,10 @@ class InferenceService:
         if self._on_phases is not None:
             self._on_phases(model, timings.phases())
 
-    async def _runner_for(self, model: str, task: str) -> tuple[ModelEntry, ModelRunner]:
+    async def _runner_for(self, model: str, task: str, adapter: str | None = None
+                          ) -> tuple[ModelEntry, ModelRunner]:
+        # An adapter the model does not list: 404 now, before a load starts for nothing.
+        lora_source(self.registry.entry(model).config, adapter)
         entry, runner = await self.registry.acquire(model)
         tasks = runner.adapter.tasks  # the loaded family's, also where the config said auto
         if task not in tasks:
@@ -184,7 +204,7 @@ class InferenceService:
 
     # ---- encode ------------------------------------------------------------------------
     async def encode(self, model: str, req: EncodeRequest) -> Outcome:
-        entry, runner = await self._runner_for(model, "encode")
+        entry, runner = await self._runner_for(model, "encode", req.options.adapter)
         check_outputs(entry.config.id, runner.adapter.output_types, req)
         width = runner.adapter.dimensions or runner.adapter.hidden_size
         if req.dims is not None and "dense" in req.output_types and width and req.dims > width:
@@ -226,8 +246,14 @@ class InferenceService:
 
     # ---- score -------------------------------------------------------------------------
     async def score(self, model: str, req: ScoreRequest) -> Outcome:
-        entry, runner = await self._runner_for(model, "score")
+        entry, runner = await self._runner_for(model, "score", req.options.adapter)
         timings = Timings()
+        images = req.query_image is not None or any(i.image is not None for i in req.items)
+        if images and runner.adapter.task == "score":  # a cross-encoder reads text pairs
+            field = "query.image" if req.query_image is not None else next(
+                f"items[{n}].image" for n, i in enumerate(req.items) if i.image is not None)
+            raise HeronError(ErrorCode.INVALID_FIELD, f"{field}: model {entry.config.id} "
+                             "scores texts only", field=field)
         docs, clipped = [i.text for i in req.items], set[int]()
         cap = req.max_tokens_per_doc
         if cap is not None and cap < runner.adapter.max_length:  # else the model's cut is it
@@ -240,7 +266,13 @@ class InferenceService:
             usage_tokens = sum(t.length for t in tokens)
         else:  # bi-encoder: the query's embedding against each item's
             adapter = runner.adapter
-            inputs = [req.query, *docs]
+            inputs: list[TextInput | ImageInput] = [req.query, *docs]
+            if images:  # an image query or image items: decoded on the tokenizer pool
+                if req.query_image is not None:
+                    inputs[0] = image_input(adapter, req.query_image, "query.image")
+                for n, item in enumerate(req.items):
+                    if item.image is not None:
+                        inputs[n + 1] = image_input(adapter, item.image, f"items[{n}].image")
             tokens, results = await self._run(runner, inputs, req.options, timings, queries=1,
                                               prompts=(adapter.prompt(True),
                                                        adapter.prompt(False)))
@@ -265,10 +297,11 @@ class InferenceService:
 
     # ---- extract -----------------------------------------------------------------------
     async def extract(self, model: str, req: ExtractRequest) -> Outcome:
-        entry, runner = await self._runner_for(model, "extract")
+        entry, runner = await self._runner_for(model, "extract", req.options.adapter)
         timings = Timings()
-        tokens, results = await self._run(runner, [i.text for i in req.items], req.options,
-                                          timings)
+        inputs = runner.adapter.extract_inputs([i.text for i in req.items], req.labels,
+                                               req.threshold)
+        tokens, results = await self._run(runner, inputs, req.options, timings)
         postprocess_started = time.monotonic()
         wanted = None if req.labels is None else {x.upper() for x in req.labels}
         items = []

@@ -82,8 +82,10 @@ def model_dir(key: CacheKey, root: Path | None = None) -> Path:
 
 
 def is_complete(path: Path) -> bool:
-    """A fill's marker, or a directory an operator copied in by hand (it has config.json)."""
-    return (path / MARKER).is_file() or (path / "config.json").is_file()
+    """A fill's marker, or a directory an operator copied in by hand (it has config.json,
+    or adapter_config.json for a LoRA adapter)."""
+    return (path / MARKER).is_file() or (path / "config.json").is_file() or (
+        path / "adapter_config.json").is_file()
 
 
 def model_files(path: Path) -> dict[str, int]:

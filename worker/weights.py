@@ -94,8 +94,8 @@ def resolve_weights(config: ModelConfig, *, pin: bool = False) -> Path:
         path = Path(source.path).expanduser()
         if not _has_weights(path):
             raise WeightsUnavailable(
-                f"{config.id}: local path {path} has no config.json or modules.json (not a "
-                f"model directory)")
+                f"{config.id}: local path {path} has no config.json, modules.json or "
+                f"gliner_config.json (not a model directory)")
         return _served(weight_stats.PATH, path, pin)
 
     if source.package is not None:
@@ -117,7 +117,8 @@ def resolve_weights(config: ModelConfig, *, pin: bool = False) -> Path:
 def _has_weights(path: Path) -> bool:
     # A sentence-transformers Router keeps its transformers in sub-folders: modules.json
     # at the root is the model's description then.
-    return (path / "config.json").is_file() or (path / "modules.json").is_file()
+    return any((path / name).is_file()
+               for name in ("config.json", "modules.json", "gliner_config.json"))
 
 
 def _served(tier: str, path: Path, pin: bool) -> Path:
@@ -226,9 +227,12 @@ def _fill_from_hub(model_id: str, repo: str, key: CacheKey,
             ) from exc
         shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface-hub's bookkeeping
         files = model_files(staging)
-        if "config.json" not in files and "modules.json" not in files:
-            raise _HubFailure(f"{repo} on the Hugging Face Hub has no config.json or "
-                              f"modules.json (not a transformers model)")
+        # adapter_config.json: a LoRA adapter (worker/lora_files.py) takes the same tiers
+        if not {"config.json", "modules.json", "gliner_config.json",
+                "adapter_config.json"} & set(files):
+            raise _HubFailure(f"{repo} on the Hugging Face Hub has no config.json, "
+                              f"modules.json, gliner_config.json or adapter_config.json "
+                              f"(not a transformers model or PEFT adapter)")
         manifest = {"model_id": model_id, "revision": key.revision or "main", "files": files,
                     "filled_from": f"hub:{repo}"}
         final = install(staging, key, manifest)

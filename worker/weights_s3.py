@@ -133,8 +133,10 @@ class S3WeightCache:
 def manifest_files(manifest: dict[str, Any]) -> dict[str, int]:
     """The manifest's files, checked: relative paths inside the model directory, sizes."""
     files = manifest["files"]
-    if not isinstance(files, dict) or "config.json" not in files:
-        raise ValueError("files must map names to sizes and include config.json")
+    # adapter_config.json: the cluster cache holds LoRA adapters too (worker/lora_files.py)
+    if not isinstance(files, dict) or not {"config.json", "adapter_config.json"} & set(files):
+        raise ValueError("files must map names to sizes and include config.json (or "
+                         "adapter_config.json)")
     for name, size in files.items():
         parts = PurePosixPath(name).parts
         if not parts or name.startswith("/") or ".." in parts or not isinstance(size, int):

@@ -22,8 +22,23 @@ def _texts(args: argparse.Namespace) -> list[str]:
     return list(args.texts)
 
 
+def _encode_items(args: argparse.Namespace) -> list[str | bytes]:
+    """The TEXT arguments, then each ``--image FILE``'s bytes (an image model's items)."""
+    items: list[str | bytes] = list(_texts(args)) if args.texts else []
+    for path in args.image or ():
+        try:
+            with open(path, "rb") as file:
+                items.append(file.read())
+        except OSError as exc:
+            raise SystemExit(f"heron: --image {path}: {exc.strerror or exc}") from None
+    if not items:
+        raise SystemExit("heron encode: give at least one TEXT or --image FILE")
+    return items
+
+
 def _encode(client: Client, args: argparse.Namespace) -> Any:
-    return client.encode(args.model, _texts(args), output_types=args.output_type or ["dense"],
+    return client.encode(args.model, _encode_items(args),
+                         output_types=args.output_type or ["dense"],
                          output_dtype=args.dtype, dims=args.dims, is_query=args.query,
                          pool=args.pool).to_dict()
 
@@ -72,10 +87,13 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=lambda args: run_client_command(args, command))
         return p
 
-    encode = parser("encode", "embed texts: heron encode MODEL TEXT... (- reads stdin)",
-                    _encode)
+    encode = parser("encode", "embed texts and images: heron encode MODEL TEXT... "
+                              "[--image FILE]... (- reads stdin)", _encode)
     encode.add_argument("model")
-    encode.add_argument("texts", nargs="+", metavar="TEXT")
+    encode.add_argument("texts", nargs="*", metavar="TEXT")
+    encode.add_argument("--image", action="append", metavar="FILE",
+                        help="an image file (PNG, JPEG, WebP, ...), after the texts; "
+                             "repeatable (image models: adapter clip)")
     encode.add_argument("--output-type", action="append",
                         choices=["dense", "sparse", "multi_vector", "muvera"],
                         help="repeatable (default: dense)")

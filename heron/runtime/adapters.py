@@ -49,10 +49,15 @@ ADAPTER_FAMILIES: dict[str, AdapterFamily] = {
     # BGE-M3: dense, sparse and ColBERT vectors from one forward pass; score by dense cosine.
     "bge_m3": AdapterFamily(("encode", "score"), frozenset({"dense", "sparse", "multi_vector"}),
                             f"{_WORKER}.bge_m3:BgeM3Adapter"),
+    # CLIP and SigLIP: texts and images in one space; score ranks by cosine.
+    "clip": AdapterFamily(("encode", "score"), frozenset({"dense"}),
+                          f"{_WORKER}.clip:ClipAdapter"),
     "cross_encoder": AdapterFamily(("score",), frozenset(),
                                    f"{_WORKER}.cross_encoder:CrossEncoderAdapter"),
     "token_classifier": AdapterFamily(("extract",), frozenset(),
                                       f"{_WORKER}.token_classifier:TokenClassifierAdapter"),
+    # GLiNER span models: zero-shot extraction of the entity types a request names.
+    "gliner": AdapterFamily(("extract",), frozenset(), f"{_WORKER}.gliner:GlinerAdapter"),
     # No compute, fixed vectors: Heron's own overhead, measured by bench/ (bundles/null.yaml).
     "null": AdapterFamily(("encode",), frozenset({"dense"}), f"{_WORKER}.null:NullAdapter"),
     AUTO: AdapterFamily(("encode", "score", "extract"),

@@ -16,8 +16,18 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from heron.runtime.json_schema import closed, schema
 from heron_sdk.errors import STATUS_BY_CODE, ErrorCode
+from heron_sdk.images import IMAGE_PATTERN, MAX_IMAGE_BYTES, MAX_IMAGES_PER_REQUEST
 from heron_sdk.pools import MAX_POOL_WORKERS, MAX_TTL_S, MIN_TTL_S, POOL_NAME_RE
-from heron_sdk.types import MAX_INTEGER, MAX_ITEMS_PER_REQUEST, MAX_TEXT_CHARS, MIN_TIMEOUT_S
+from heron_sdk.types import (
+    ADAPTER_NAME_PATTERN,
+    MAX_INTEGER,
+    MAX_ITEMS_PER_REQUEST,
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    MAX_TEXT_CHARS,
+    MIN_TIMEOUT_S,
+    MODEL_ADAPTER_PATTERN,
+)
 
 # ---- requests ------------------------------------------------------------------------------
 Text = Annotated[str, schema(maxLength=MAX_TEXT_CHARS,
@@ -50,16 +60,46 @@ class TokensObject(TypedDict):
 TokenIds = Annotated[list[Annotated[int, schema(minimum=0, maximum=MAX_INTEGER)]], schema(
     minItems=1, maxItems=MAX_TEXT_CHARS,
     description="The model's own token ids for one text, without special tokens.")]
-EncodeItems = Annotated[list[Text | ItemObject | TokensObject], schema(
+ImageData = Annotated[str, schema(pattern=IMAGE_PATTERN, description=(
+    f"An image file's bytes (PNG, JPEG, WebP, GIF, BMP) as standard padded base64, or a "
+    f"data:image/<type>;base64, URL; under msgpack, the raw bytes. At most {MAX_IMAGE_BYTES:,} "
+    f"bytes (413 IMAGE_TOO_LARGE); http(s) URLs are refused (422 IMAGE_URL_REFUSED)."))]
+
+
+@closed
+class ImageObject(TypedDict):
+    """An image item (models with adapter clip: CLIP, SigLIP); encode and score."""
+
+    image: ImageData
+    id: NotRequired[str | int | None]
+
+
+@closed
+class ImageQuery(TypedDict):
+    """An image as score's query (models with adapter clip)."""
+
+    image: ImageData
+
+
+_IMAGES = (f"; images at most {MAX_IMAGES_PER_REQUEST} per request (413 TOO_MANY_IMAGES), "
+           "for image models only")
+EncodeItems = Annotated[list[Text | ItemObject | TokensObject | ImageObject], schema(
     minItems=1, maxItems=MAX_ITEMS_PER_REQUEST,
     description=f"1 to {MAX_ITEMS_PER_REQUEST} texts: strings, {{text, id}} objects or "
-                "{tokens, id} objects (413 TOO_MANY_ITEMS past the limit).")]
+                "{tokens, id} objects (413 TOO_MANY_ITEMS past the limit), or {image, id} "
+                f"objects{_IMAGES}.")]
+ScoreItems = Annotated[list[Text | ItemObject | ImageObject], schema(
+    minItems=1, maxItems=MAX_ITEMS_PER_REQUEST,
+    description=f"1 to {MAX_ITEMS_PER_REQUEST} texts: strings or {{text, id}} objects "
+                f"(413 TOO_MANY_ITEMS past the limit), or {{image, id}} objects{_IMAGES}.")]
 Encoding = Literal["float", "base64"]
 OutputType = Literal["dense", "sparse", "multi_vector", "muvera"]
 InputType = Literal["query", "document", "search_query", "search_document", "classification",
                     "clustering"]  # heron_sdk.types.INPUT_TYPES
 OutputDtype = Literal["float32", "float16", "int8", "uint8", "binary"]
 PositiveInt = Annotated[int, schema(minimum=1, maximum=MAX_INTEGER)]
+ModelField = Annotated[str, schema(minLength=1, pattern=MODEL_ADAPTER_PATTERN, description=(
+    "A model id or alias; model@adapter names a LoRA adapter of the model."))]
 
 
 class RequestOptionsBody(TypedDict):
@@ -70,6 +110,10 @@ class RequestOptionsBody(TypedDict):
                                                           default=0)]]
     timeout_s: NotRequired[Annotated[float | None, schema(minimum=MIN_TIMEOUT_S)]]
     encoding: NotRequired[Annotated[Encoding | None, schema(default="float")]]
+    adapter: NotRequired[Annotated[str | None, schema(
+        pattern=ADAPTER_NAME_PATTERN, description="A LoRA adapter the model's config lists "
+        "(404 ADAPTER_NOT_FOUND otherwise); null: the base model. model@adapter in the "
+        "route says the same.")]]
 
 
 @closed
@@ -94,8 +138,8 @@ class EncodeBody(RequestOptionsBody):
 class ScoreBody(RequestOptionsBody):
     """POST /v1/score/{model}."""
 
-    query: Text
-    items: Items
+    query: Text | ImageQuery
+    items: ScoreItems
     top_k: NotRequired[PositiveInt | None]
     max_tokens_per_doc: NotRequired[Annotated[PositiveInt | None, schema(
         description="Each item is cut to this many tokens first; the model's own limit "
@@ -107,7 +151,11 @@ class ExtractBody(RequestOptionsBody):
     """POST /v1/extract/{model}."""
 
     items: Items
-    labels: NotRequired[list[Annotated[str, schema(minLength=1)]] | None]
+    labels: NotRequired[Annotated[list[Annotated[str, schema(
+        minLength=1, maxLength=MAX_LABEL_CHARS)]] | None, schema(
+        minItems=1, maxItems=MAX_LABELS,
+        description="Entity types: kept ones for a token classifier; the prompt of a "
+                    "zero-shot (gliner) model, which needs them.")]]
     threshold: NotRequired[Annotated[float | None, schema(minimum=0, maximum=1, default=0)]]
 
 
@@ -115,7 +163,7 @@ class ExtractBody(RequestOptionsBody):
 class EmbeddingsBody(TypedDict):
     """POST /v1/embeddings (OpenAI-compatible): OpenAI's fields; ``user`` is not used."""
 
-    model: Annotated[str, schema(minLength=1)]
+    model: ModelField
     input: (Text | Annotated[list[Text], schema(minItems=1, maxItems=MAX_ITEMS_PER_REQUEST)]
             | TokenIds | Annotated[list[TokenIds], schema(
                 minItems=1, maxItems=MAX_ITEMS_PER_REQUEST)])
@@ -144,7 +192,7 @@ Documents = Annotated[list[Text], schema(minItems=1, maxItems=MAX_RERANK_DOCUMEN
 class RerankV2Body(TypedDict):
     """POST /v2/rerank (Cohere's v2)."""
 
-    model: Annotated[str, schema(minLength=1)]
+    model: ModelField
     query: Text
     documents: Documents
     top_n: NotRequired[PositiveInt | None]
@@ -158,7 +206,7 @@ class RerankV2Body(TypedDict):
 class RerankV1Body(TypedDict):
     """POST /v1/rerank (Cohere's v1, Jina's): documents may be objects with ``text``."""
 
-    model: Annotated[str, schema(minLength=1)]
+    model: ModelField
     query: Text
     documents: Annotated[list[Text | RerankDocumentObject], schema(
         minItems=1, maxItems=MAX_RERANK_DOCUMENTS)]
@@ -327,6 +375,8 @@ class ModelInfo(TypedDict):
     bundle: NotRequired[str]
     pool: NotRequired[str]
     description: NotRequired[str]
+    loras: NotRequired[Annotated[list[str], schema(
+        description="The LoRA adapters a request may name (adapter, model@adapter).")]]
 
 
 class ModelList(TypedDict):

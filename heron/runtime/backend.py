@@ -149,6 +149,8 @@ def model_description(config: ModelConfig, *, state: str, bundle: str, pool: str
         out["max_sequence_length"] = config.profile.max_sequence_length
     if config.description:
         out["description"] = config.description
+    if config.loras:  # LoRA adapters a request may name
+        out["loras"] = sorted(config.loras)
     out.update((key, value) for key, value in known.items() if value is not None)
     return out
 

@@ -80,6 +80,7 @@ class Checkpoint:
     backbone: Path | None = None  # the transformer's folder, where it is not the root's
     colbert: dict[str, Any] | None = None  # PyLate's settings (query_prefix, lengths, ...)
     bge_m3: bool = False
+    gliner: bool = False  # gliner's save_pretrained: gliner_config.json, no config.json
 
     @property
     def is_decoder(self) -> bool:
@@ -88,6 +89,7 @@ class Checkpoint:
     def summary(self) -> dict[str, Any]:
         """What GET /v1/models/{id} shows under ``detected``."""
         out: dict[str, Any] = {"format": self.st_kind or ("bge-m3" if self.bge_m3 else
+                                                          "gliner" if self.gliner else
                                                           "transformers"),
                                "model_type": self.model_type}
         # PyLate normalizes ColBERT's token vectors and truncates by its own lengths.
@@ -184,6 +186,11 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     modules = _json(root / "modules.json") or []
     if (root / "colbert_linear.pt").exists() and (root / "sparse_linear.pt").exists():
         values["bge_m3"] = True
+    values["gliner"] = (root / "gliner_config.json").is_file()
+    if values["gliner"] and not hf:  # the backbone's config is inside gliner's
+        encoder = (_json(root / "gliner_config.json") or {}).get("encoder_config")
+        if isinstance(encoder, dict):
+            values["model_type"] = encoder.get("model_type")
     values["st_kind"] = st_config.get("model_type") or (
         "SentenceTransformer" if modules else None)
     if isinstance(st_config.get("prompts"), dict):
@@ -336,6 +343,8 @@ def detect_family(ckpt: Checkpoint) -> str:
     """The adapter that serves this checkpoint, as its files describe it."""
     if ckpt.bge_m3:
         return "bge_m3"
+    if ckpt.gliner:
+        return "gliner"
     if ckpt.st_kind == "ColBERT":
         return "multi_vector"
     if ckpt.st_kind == "SparseEncoder" or ckpt.splade_pooling is not None:
@@ -344,6 +353,8 @@ def detect_family(ckpt: Checkpoint) -> str:
         return "cross_encoder"
     if ckpt.st_kind == "SentenceTransformer":
         return "dense"
+    if ckpt.model_type in ("clip", "siglip"):  # text and vision towers: texts and images
+        return "clip"
     arch = " ".join(ckpt.architectures)
     if "ForSequenceClassification" in arch:
         return "cross_encoder"

@@ -18,13 +18,14 @@ from heron.runtime.json_schema import closed, schema
 from heron.runtime.modelconfig import (
     ACTIVATIONS,
     ADAPTERS,
+    DEFAULT_MAX_LORAS,
     DEVICES,
     MUVERA_MAX_K_SIM,
     PACKINGS,
     POOLINGS,
     PRECISIONS,
 )
-from heron_sdk.types import MAX_INTEGER
+from heron_sdk.types import ADAPTER_NAME_PATTERN, MAX_INTEGER
 
 # The rules of heron.config_service.body.check_name, as JSON Schema: segments of letters,
 # digits and ._+- joined by '/', no '..', at most MAX_ID_CHARS characters. The constants are
@@ -109,6 +110,13 @@ class ModelConfigBody(TypedDict):
                "'default' (null or absent: one default profile with every default).")]]
     aliases: NotRequired[list[ModelName] | None]
     description: NotRequired[str | None]
+    loras: NotRequired[Annotated[dict[str, WeightSourceField] | None, schema(
+        propertyNames={"pattern": ADAPTER_NAME_PATTERN},
+        description="LoRA adapters (PEFT format) a request may name: adapter name -> its "
+        "source, in the shape of `source`.")]]
+    max_loras: NotRequired[Annotated[PositiveCount | None, schema(
+        default=DEFAULT_MAX_LORAS, description="LoRA adapters a worker keeps loaded at once "
+        "for this model (least recently used unloaded first).")]]
     bundles: NotRequired[Annotated[list[NonEmpty] | None, schema(
         minItems=1, description="Bundles to route the model to; absent: every bundle that "
         "serves its adapter (every bundle for adapter 'auto').")]]
@@ -136,6 +144,8 @@ class ModelConfigView(TypedDict):
     aliases: NotRequired[list[str]]
     description: NotRequired[str]
     trust_remote_code: NotRequired[bool]  # present (true) only for a model that opted in
+    loras: NotRequired[dict[str, WeightSourceField]]  # present only where there are some
+    max_loras: NotRequired[PositiveCount]  # present only where not the default
 
 
 class ModelConfigSummary(TypedDict):

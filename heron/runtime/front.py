@@ -38,6 +38,7 @@ from heron.runtime.http import (
     server_timing,
     unless_disconnected,
 )
+from heron.runtime.modelconfig import split_adapter
 from heron.runtime.openai_compat import (
     embeddings_response,
     openai_error,
@@ -211,18 +212,33 @@ class InferenceFront:
     # ---- inference --------------------------------------------------------------------
     async def encode(self, request: Request) -> Response:
         model, call = request.path_params["model"], self._call(request)
-        return await self._serve(request, "encode", lambda body: self.backend.encode(
-            model, EncodeRequest.from_wire(body), call))
+
+        def handle(body: Any) -> Awaitable[Answer]:
+            req = EncodeRequest.from_wire(body)
+            # model@adapter: the model's route, with the LoRA adapter in the request
+            return self.backend.encode(split_adapter(model, req.options), req, call)
+
+        return await self._serve(request, "encode", handle)
 
     async def score(self, request: Request) -> Response:
         model, call = request.path_params["model"], self._call(request)
-        return await self._serve(request, "score", lambda body: self.backend.score(
-            model, ScoreRequest.from_wire(body), call))
+
+        def handle(body: Any) -> Awaitable[Answer]:
+            req = ScoreRequest.from_wire(body)
+            # model@adapter: the model's route, with the LoRA adapter in the request
+            return self.backend.score(split_adapter(model, req.options), req, call)
+
+        return await self._serve(request, "score", handle)
 
     async def extract(self, request: Request) -> Response:
         model, call = request.path_params["model"], self._call(request)
-        return await self._serve(request, "extract", lambda body: self.backend.extract(
-            model, ExtractRequest.from_wire(body), call))
+
+        def handle(body: Any) -> Awaitable[Answer]:
+            req = ExtractRequest.from_wire(body)
+            # model@adapter: the model's route, with the LoRA adapter in the request
+            return self.backend.extract(split_adapter(model, req.options), req, call)
+
+        return await self._serve(request, "extract", handle)
 
     async def embeddings(self, request: Request) -> Response:
         call = self._call(request, all_or_nothing=True)

@@ -12,15 +12,24 @@ import hashlib
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from heron.runtime.adapters import ADAPTERS, AUTO  # the one table of model families
-from heron_sdk.types import MAX_INTEGER, integral, shown
+from heron_sdk.errors import ErrorCode, HeronError, invalid_field
+from heron_sdk.types import (
+    ADAPTER_NAME_PATTERN,
+    MAX_INTEGER,
+    RequestOptions,
+    check_adapter_name,
+    integral,
+    shown,
+)
 
 # sentence-transformers' pooling modes; "last" is an older name of "lasttoken".
 POOLINGS = ("mean", "cls", "max", "lasttoken", "weightedmean", "mean_sqrt_len_tokens", "last")
@@ -29,6 +38,9 @@ ACTIVATIONS = ("sigmoid", "softmax", "none")
 DEVICES = ("auto", "cpu", "cuda")
 PACKINGS = ("auto", "off")
 MUVERA_MAX_K_SIM = 16  # 65,536 buckets per repetition: more is never a useful encoding
+# LoRA adapters a worker keeps loaded per model unless the config says otherwise: each is a
+# few MB (rank 8 on a base model's attention projections), so a handful costs little.
+DEFAULT_MAX_LORAS = 4
 
 
 class ConfigError(ValueError):
@@ -86,6 +98,10 @@ class ModelConfig:
     # Run Python code that ships with the checkpoint (its config.json auto_map). Off by
     # default; the config service refuses it unless its operator allowed it.
     trust_remote_code: bool = False
+    # LoRA adapters (PEFT format) a request may name: name -> where its files come from,
+    # in the shape of ``source``; and how many a worker keeps loaded at once (LRU).
+    loras: Mapping[str, WeightSource] = field(default_factory=dict)
+    max_loras: int = DEFAULT_MAX_LORAS
 
     @property
     def profile(self) -> Profile:
@@ -93,8 +109,7 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The config as YAML/JSON would write it: parse_model_config(to_dict()) == self."""
-        source = {k: v for k, v in asdict(self.source).items()
-                  if v is not None and not (k == "subdir" and v == "")}
+        source = _source_dict(self.source)
         profiles = {name: {k: v for k, v in asdict(p).items() if v is not None}
                     for name, p in sorted(self.profiles.items())}
         out: dict[str, Any] = {"id": self.id, "adapter": self.adapter, "source": source,
@@ -105,13 +120,27 @@ class ModelConfig:
             out["description"] = self.description
         if self.trust_remote_code:
             out["trust_remote_code"] = True
+        if self.loras:
+            out["loras"] = {name: _source_dict(src) for name, src in sorted(self.loras.items())}
+        if self.max_loras != DEFAULT_MAX_LORAS:
+            out["max_loras"] = self.max_loras
         return out
 
     def canonical(self) -> dict[str, Any]:
         data = asdict(self)
         data["profiles"] = {k: asdict(v) for k, v in sorted(self.profiles.items())}
         data["aliases"] = list(self.aliases)
+        # Left out when unused, so configs without adapters keep the hash they always had.
+        data.pop("loras"), data.pop("max_loras")
+        if self.loras:
+            data["loras"] = {k: asdict(v) for k, v in sorted(self.loras.items())}
+            data["max_loras"] = self.max_loras
         return data
+
+
+def _source_dict(source: WeightSource) -> dict[str, str]:
+    return {k: v for k, v in asdict(source).items()
+            if v is not None and not (k == "subdir" and v == "")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,26 +238,44 @@ def _type_name(kind: type | tuple[type, ...]) -> str:
     return "|".join(k.__name__ for k in kinds)
 
 
-def parse_source(data: Any, src: str) -> WeightSource:
+def parse_source(data: Any, src: str, where: str = "source") -> WeightSource:
     if not isinstance(data, Mapping):
-        raise ConfigError(src, "source", "must be a mapping with one of package, path, hub")
+        raise ConfigError(src, where, "must be a mapping with one of package, path, hub")
     known = {"package", "subdir", "path", "hub", "revision"}
     for key, value in data.items():
         if key not in known:
-            raise ConfigError(src, f"source.{key}", f"unknown field; known: {sorted(known)}")
+            raise ConfigError(src, f"{where}.{key}", f"unknown field; known: {sorted(known)}")
         if not isinstance(value, str) or (not value and key != "subdir"):
-            raise ConfigError(src, f"source.{key}", "must be a non-empty string")
+            raise ConfigError(src, f"{where}.{key}", "must be a non-empty string")
     kinds = [k for k in ("package", "path", "hub") if k in data]
     if len(kinds) != 1:
-        raise ConfigError(src, "source", "needs exactly one of package, path, hub")
+        raise ConfigError(src, where, "needs exactly one of package, path, hub")
     return WeightSource(**data)
+
+
+_LORA_NAME = re.compile(ADAPTER_NAME_PATTERN.removeprefix("^").removesuffix("$"))
+
+
+def parse_loras(data: Any, src: str) -> dict[str, WeightSource]:
+    """``loras``: adapter name -> its source (null: none)."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(src, "loras", "must be a mapping of adapter name to its source")
+    out = {}
+    for name, source in data.items():
+        if not isinstance(name, str) or not _LORA_NAME.fullmatch(name):
+            raise ConfigError(src, f"loras.{shown(name)}", "adapter names are 1 to 64 "
+                              "letters, digits and ._-, starting with a letter or digit")
+        out[name] = parse_source(source, src, f"loras.{name}")
+    return out
 
 
 def parse_model_config(data: Any, src: str = "<model config>") -> ModelConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(src, "(root)", "must be a mapping")
     known = {"id", "adapter", "source", "profiles", "aliases", "description",
-             "trust_remote_code"}
+             "trust_remote_code", "loras", "max_loras"}
     for key in data:
         if key not in known:
             raise ConfigError(src, str(key), f"unknown field; known: {sorted(known)}")
@@ -269,9 +316,16 @@ def parse_model_config(data: Any, src: str = "<model config>") -> ModelConfig:
         remote = False
     if not isinstance(remote, bool):
         raise ConfigError(src, "trust_remote_code", "must be true or false")
+    max_loras = integral(data.get("max_loras"))
+    if max_loras is None:
+        max_loras = DEFAULT_MAX_LORAS
+    if (isinstance(max_loras, bool) or not isinstance(max_loras, int)
+            or not 0 < max_loras <= MAX_INTEGER):
+        raise ConfigError(src, "max_loras", f"must be an integer from 1 to {MAX_INTEGER}")
     return ModelConfig(id=model_id, adapter=adapter, source=parse_source(data["source"], src),
                        profiles=profiles, aliases=tuple(aliases), description=description,
-                       trust_remote_code=remote)
+                       trust_remote_code=remote, loras=parse_loras(data.get("loras"), src),
+                       max_loras=max_loras)
 
 
 def _read_yaml(path: Path) -> Any:
@@ -339,6 +393,41 @@ def load_bundle(name_or_path: str | Path, bundles_dir: Path | None = None) -> Bu
                   preload=None if preload is None else tuple(preload), source=src)
 
 
+def lora_source(config: ModelConfig, name: str | None) -> WeightSource | None:
+    """Where LoRA adapter ``name`` of ``config`` comes from (None: no adapter was asked
+    for); 404 ADAPTER_NOT_FOUND for a name the config does not list."""
+    if name is None:
+        return None
+    source = config.loras.get(name)
+    if source is None:
+        listed = (f"it has {', '.join(sorted(config.loras))}" if config.loras
+                  else "it has no adapters")
+        raise HeronError(ErrorCode.ADAPTER_NOT_FOUND,
+                         f"model {config.id} has no LoRA adapter {name!r}; {listed}",
+                         field="adapter")
+    return source
+
+
+def split_adapter(model: str, options: RequestOptions, field_name: str = "model") -> str:
+    """``model@adapter`` -> ``model``, with the adapter put in ``options`` (where the body
+    named the same one, or none). 422 for ``model@`` (no name) or a name the body
+    contradicts. A name without "@" is returned as is (the route's, the OpenAI and rerank
+    bodies' ``model``; heron_sdk.types.MODEL_ADAPTER_PATTERN states the rule)."""
+    base, at, name = model.rpartition("@")
+    if not at:
+        return model
+    if not base:
+        raise invalid_field(field_name, f"{shown(model)} names no model before '@'")
+    if not name:
+        raise invalid_field(field_name, f"{shown(model)} names no adapter after '@'")
+    check_adapter_name(name, field_name)
+    if options.adapter is not None and options.adapter != name:
+        raise invalid_field("adapter", f"{shown(options.adapter)} contradicts the "
+                            f"{shown(name)} of {field_name} {shown(model)}")
+    options.adapter = name
+    return base
+
+
 def model_config_from_dir(model_id: str, adapter: str | None, path: str | Path,
                           **profile: Any) -> ModelConfig:
     """A config for a local model directory (used by ``heron serve --model-dir``, tests)."""
@@ -349,4 +438,4 @@ def model_config_from_dir(model_id: str, adapter: str | None, path: str | Path,
 
 __all__ = ["ADAPTERS", "Bundle", "ConfigError", "ModelConfig", "Profile", "WeightSource",
            "bundle_config_hash", "default_bundles_dir", "load_bundle", "load_model_config",
-           "model_config_from_dir", "parse_model_config"]
+           "lora_source", "model_config_from_dir", "parse_model_config", "split_adapter"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from heron.runtime.modelconfig import split_adapter
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 from heron_sdk.types import (
     INPUT_TYPES,
@@ -60,8 +61,10 @@ def parse_embeddings_request(body: Any) -> tuple[str, EncodeRequest, str]:
     if input_type is not None and (not isinstance(input_type, str)
                                    or input_type not in INPUT_TYPES):
         raise invalid_field("input_type", f"must be one of {list(INPUT_TYPES)}")
-    return model, EncodeRequest(items=items, dims=dims, input_type=input_type,
-                                is_query=INPUT_TYPES.get(input_type or "") == "query"), encoding
+    req = EncodeRequest(items=items, dims=dims, input_type=input_type,
+                        is_query=INPUT_TYPES.get(input_type or "") == "query")
+    # "model@adapter" names a LoRA adapter of the model (docs/api.md)
+    return split_adapter(model, req.options), req, encoding
 
 
 def _input_items(raw: Any) -> list[Item]:

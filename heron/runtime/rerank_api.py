@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from heron.runtime import api_types as api
 from heron.runtime.backend import Answer
+from heron.runtime.modelconfig import split_adapter
 from heron.runtime.openapi import ApiOperation
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 from heron_sdk.types import (
@@ -60,6 +61,7 @@ class RerankCall:
     return_documents: bool
     max_tokens_per_doc: int | None
     priority: int
+    adapter: str | None = None  # a LoRA adapter of the model ("model@adapter")
 
 
 def parse_rerank(body: Any, version: int) -> RerankCall:
@@ -84,12 +86,15 @@ def parse_rerank(body: Any, version: int) -> RerankCall:
         raise invalid_field("rank_fields", "only ['text'] is supported: put what to rank on "
                             "in each document's text")
     texts = [_document_text(d, i, version) for i, d in enumerate(documents)]
+    named = RequestOptions()
+    model = split_adapter(model, named)  # "model@adapter": a LoRA adapter of the model
     return RerankCall(model=model, query=check_text(query, "query"), documents=documents,
                       texts=texts, top_n=_positive(body, "top_n"),
                       return_documents=optional_field(body, "return_documents", bool, False),
                       max_tokens_per_doc=_positive(body, "max_tokens_per_doc"),
                       # Heron's own rule for priority (0 is the highest, never negative)
-                      priority=RequestOptions.from_wire(body).priority)
+                      priority=RequestOptions.from_wire(body).priority,
+                      adapter=named.adapter)
 
 
 def _document_text(document: Any, index: int, version: int) -> str:
@@ -170,7 +175,8 @@ class RerankRoutes:
                 part = call.texts[start:start + MAX_ITEMS_PER_REQUEST]
                 req = ScoreRequest(query=call.query, items=[Item(t) for t in part],
                                    top_k=call.top_n if len(call.texts) == len(part) else None,
-                                   options=RequestOptions(priority=call.priority),
+                                   options=RequestOptions(priority=call.priority,
+                                                          adapter=call.adapter),
                                    max_tokens_per_doc=call.max_tokens_per_doc)
                 out = await front.backend.score(call.model, req, call_info)
                 scored += [(start + r["index"], float(r["score"]))

@@ -47,6 +47,7 @@ README = REPO / "README.md"
 DOC_MODEL_ALIASES = {
     "cross-encoder/ms-marco-MiniLM-L-6-v2": "tiny-cross-encoder",
     "dslim/bert-base-NER": "tiny-ner",
+    "my-org/gliner-small": "tiny-gliner",
     "minilm-tokens": "tiny-multi-vector",
 }
 

@@ -7,7 +7,8 @@ optional ``<out>/<case>/heron.json`` adds fields to the case's model config, suc
 ``trust_remote_code``). A script's second line names the venv it runs in:
 ``# reference venv: main`` (this one: sentence-transformers) or ``# reference venv: parity``
 (``.venv-parity``, built by the Makefile: PyLate and FlagEmbedding pin versions of
-sentence-transformers and transformers that ours are newer than).
+sentence-transformers and transformers that ours are newer than) or ``# reference venv:
+gliner`` (``.venv-gliner``: gliner pins an older transformers).
 
 Heron serves every checkpoint from a config that names only its id (``parity/<case>``) and
 path, three ways: ``heron serve`` (packing where the family allows it), ``heron serve`` with
@@ -38,7 +39,6 @@ from tests.support.nats_server import NatsServer
 from tests.support.servers import REPO, ServerProcess, free_port, start_serve, wait_until
 
 REFERENCES = Path(__file__).parent / "references"
-PARITY_VENV = REPO / ".venv-parity"
 SERVER_ARGS = ["--precision", "fp32", "--workers", "1"]
 
 
@@ -69,10 +69,11 @@ def reference_python(script: Path) -> str:
             venv = line.split(":", 1)[1].strip()
     if venv == "main":
         return sys.executable
-    python = PARITY_VENV / "bin" / "python"
+    # parity: .venv-parity; gliner: .venv-gliner (each its Makefile target, `make test` too)
+    python = REPO / f".venv-{venv}" / "bin" / "python"
     if not python.exists():
-        pytest.fail(f"{script.name} runs in {PARITY_VENV}, which is missing: `make "
-                    f"parity-venv` builds it (`make test` does)")
+        pytest.fail(f"{script.name} runs in {python.parent.parent}, which is missing: `make "
+                    f"{venv}-venv` builds it (`make test` does)")
     return str(python)
 
 

@@ -57,7 +57,34 @@ def build_tiny_models(root: Path, seed: int = 0) -> dict[str, Path]:
         tokenizer.save_pretrained(str(path))
         out[name] = path
     out["tiny-sentencepiece"] = build_sentencepiece_model(root / "tiny-sentencepiece")
+    out["tiny-gliner"] = build_gliner_model(root / "tiny-gliner")
     return out
+
+
+def build_gliner_model(path: Path) -> Path:
+    """A GLiNER span model in the files gliner's save_pretrained writes, built without gliner
+    (Heron's own module, random weights): a stand-in for shape tests. Its answers are checked
+    against gliner itself in tests/parity/test_gliner.py."""
+    import json
+
+    from heron.worker.adapters.gliner import GlinerSpanModel
+
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir()))
+    tokenizer.add_tokens(["[FLERT]", "<<ENT>>", "<<SEP>>"], special_tokens=True)
+    config = _config()
+    config.vocab_size = len(tokenizer)
+    backbone = BertModel(config)
+    settings = {"model_name": "tiny", "hidden_size": 32, "max_width": 12, "max_len": 384,
+                "span_mode": "markerV0", "num_rnn_layers": 1, "dropout": 0.4,
+                "class_token_index": tokenizer.convert_tokens_to_ids("<<ENT>>"),
+                "vocab_size": len(tokenizer), "ent_token": "<<ENT>>", "sep_token": "<<SEP>>",
+                "encoder_config": backbone.config.to_dict()}
+    model = GlinerSpanModel(settings, backbone).eval()
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path / "pytorch_model.bin")
+    (path / "gliner_config.json").write_text(json.dumps(settings))
+    tokenizer.save_pretrained(str(path))
+    return path
 
 
 def build_sentencepiece_model(path: Path) -> Path:

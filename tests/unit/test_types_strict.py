@@ -70,10 +70,10 @@ def test_keys_that_are_not_strings_are_unknown_fields_too() -> None:
 def test_an_unknown_key_in_an_item_object_names_its_path() -> None:
     error = refusal(EncodeRequest.from_wire, {"items": ["a", {"text": "b", "meta": 1}]})
     assert error.field == "items[1].meta"
-    assert error.message == "unknown field 'items[1].meta'; known: id, text, tokens"
+    assert error.message == "unknown field 'items[1].meta'; known: id, image, text, tokens"
     # Only encode takes token ids: score and extract name the text fields alone.
     error = refusal(ScoreRequest.from_wire, {"query": "q", "items": [{"tokens": [1]}]})
-    assert error.message == "unknown field 'items[0].tokens'; known: id, text"
+    assert error.message == "unknown field 'items[0].tokens'; known: id, image, text"
 
 
 @pytest.mark.parametrize(("component", "fields"), [

@@ -101,6 +101,8 @@ class Adapter(ABC):
     supports_packing: ClassVar[bool] = False  # forward/postprocess handle Batch.packing
     # Encode takes token ids in place of a text (its tokenization is the base class's).
     accepts_token_ids: ClassVar[bool] = True
+    # Encode and score take image items (heron.worker.images.ImageInput in ``tokenize``).
+    accepts_images: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # One source of truth: the torch-free gateway routes by the same table entry.
@@ -227,6 +229,12 @@ class Adapter(ABC):
                 return prompts[name]
         default = self.checkpoint.default_prompt_name
         return prompts.get(default, "") if default else ""
+
+    def extract_inputs(self, texts: list[str], labels: list[str] | None,
+                       threshold: float) -> list[TextInput]:
+        """What ``tokenize`` gets for ``extract``: the texts, where labels and threshold only
+        filter the answer; a zero-shot family puts them into its inputs (gliner)."""
+        return list(texts)
 
     def describe(self) -> dict[str, Any]:
         """What GET /v1/models/{id} shows of the loaded model: what the checkpoint said, and
