@@ -319,6 +319,7 @@ def with_config_names(document: dict[str, Any]) -> dict[str, Any]:
     body["bundles"] = {"type": "array", "minItems": 1, "maxItems": 2,
                        "items": {"enum": CONFIG_BUNDLES[:3]}}
     body["adapter"] = {"type": "string", "enum": ["dense", "sparse"]}
+    body["loras"] = {"type": "null"}  # LoRA configs: tests/integration/test_lora.py
     names = {"model": CONFIG_MODELS, "name": CONFIG_BUNDLES}
     for item in out["paths"].values():
         for op in item.values():
@@ -327,11 +328,21 @@ def with_config_names(document: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def without_property_names(node: Any) -> Any:
+    """The document less its ``propertyNames`` (the LoRA names' pattern): schemathesis
+    cannot make invalid cases from one (it becomes a ``not`` it does not support)."""
+    if isinstance(node, dict):
+        return {k: without_property_names(v) for k, v in node.items() if k != "propertyNames"}
+    if isinstance(node, list):
+        return [without_property_names(v) for v in node]
+    return node
+
+
 @pytest.mark.parametrize(("path", "method"), operations_of(CONFIG_OPERATIONS))
 def test_the_config_service_answers_as_documented(config_url: str,
                                                   config_document: dict[str, Any],
                                                   path: str, method: str) -> None:
-    failures = fuzz(config_url, config_document, path, method,
+    failures = fuzz(config_url, without_property_names(config_document), path, method,
                     headers={"Authorization": f"Bearer {config_procs.ADMIN}"},
                     max_examples=CONFIG_EXAMPLES, positive=with_config_names)
     assert not failures, f"{len(failures)} answers broke the document:\n" + "\n".join(
