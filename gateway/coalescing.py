@@ -29,7 +29,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from heron.gateway.reassembly import ITEM_INDEX, slice_error
+from heron.gateway.reassembly import ITEM_INDEX, shift_item_errors, slice_error
 from heron.runtime.protocol import WorkResult
 from heron_sdk.errors import STATUS_BY_CODE, ErrorCode
 
@@ -215,12 +215,14 @@ def split_result(group: Group, result: WorkResult, waiting: Callable[[str], bool
                 "message": f"a worker answered a shared work item of {group.items} items with "
                            f"{len(rows) if isinstance(rows, list) else 'no'} items"},
                 result.timings)
-        else:
-            own = rows[start:start + count]
-            part = WorkResult(member.request_id, 0, count, {
-                "model": body.get("model"), "items": own,
-                "usage": {"tokens": sum(int(r.get("tokens", 0)) for r in own
-                                        if isinstance(r, dict))}}, None, result.timings)
+        else:  # the member's items, an item's own error counted in the member's items
+            own, errors = shift_item_errors(rows[start:start + count], -start)
+            own_body = {"model": body.get("model"), "items": own,
+                        "usage": {"tokens": sum(int(r.get("tokens", 0)) for r in own
+                                                if isinstance(r, dict))}}
+            if errors:
+                own_body["errors"] = errors
+            part = WorkResult(member.request_id, 0, count, own_body, None, result.timings)
         results.append((member, part))
     return Split(results, [])
 

@@ -122,6 +122,20 @@ def slice_error(error: Mapping[str, Any], start: int) -> HeronError:
                       retry_after_s=float(retry) if isinstance(retry, int | float) else None)
 
 
+def shift_item_errors(rows: Sequence[Any], delta: int) -> tuple[list[Any], int]:
+    """``rows`` (a body's items) with the item indexes of their own errors (``{"error":
+    ...}`` rows: an image its model could not decode) moved by ``delta``, and how many
+    such rows there are."""
+    out, errors = [], 0
+    for row in rows:
+        if isinstance(row, Mapping) and isinstance(row.get("error"), Mapping):
+            errors += 1
+            if delta:
+                row = {**row, "error": slice_error(row["error"], delta).to_body()["error"]}
+        out.append(row)
+    return out, errors
+
+
 # ---- merging the slices' bodies into one answer ----------------------------------------
 def _checked_rows(parts: Sequence[tuple[int, Mapping[str, Any]]], expected: Mapping[int, int],
                   key: str) -> list[Any]:
@@ -145,16 +159,22 @@ def merge_items(model: str, parts: Sequence[tuple[int, Mapping[str, Any]]],
                 expected: Mapping[int, int],
                 failures: Sequence[tuple[int, int, HeronError]] = ()) -> dict[str, Any]:
     """encode and extract: the slices' items, concatenated in order; tokens summed. Items
-    of failed slices are ``{"error": {code, message}}`` and ``errors`` counts them."""
-    rows = dict(zip((start for start, _ in parts),
-                    (_checked_rows([part], expected, "items") for part in parts), strict=True))
+    of failed slices are ``{"error": {code, message}}``, as are items that failed on their
+    own (their indexes moved to the request's), and ``errors`` counts them all."""
+    rows: dict[int, list[Any]] = {}
+    errors = 0
+    for part in parts:
+        rows[part[0]], own_errors = shift_item_errors(
+            _checked_rows([part], expected, "items"), part[0])
+        errors += own_errors
     for start, count, error in failures:
         rows[start] = [error.to_body() for _ in range(count)]
+        errors += count
     items = [row for start in sorted(rows) for row in rows[start]]
     merged: dict[str, Any] = {"model": model, "items": items,
                               "usage": {"tokens": _tokens(parts)}}
-    if failures:
-        merged["errors"] = sum(count for _, count, _ in failures)
+    if errors:
+        merged["errors"] = errors
     return merged
 
 

@@ -46,6 +46,7 @@ from heron.runtime.backend import (
     InferenceCall,
     Provisioning,
     Readiness,
+    settle_item_errors,
 )
 from heron.runtime.http import note_route, respond
 from heron.runtime.inference_app import build_inference_app
@@ -273,8 +274,9 @@ class GatewayApp:
         done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options,
                                     call, partial=partial)
         failures = done.failures() if partial else ()
-        return self._answer(merge_items(route.model_id, done.parts(), done.expected,
-                                        failures), route, done)
+        body = merge_items(route.model_id, done.parts(), done.expected, failures)
+        settle_item_errors(body, call)
+        return self._answer(body, route, done)
 
     async def score(self, model: str, req: ScoreRequest, call: InferenceCall) -> Answer:
         route = self._route(call, model, "score")
@@ -400,7 +402,9 @@ class GatewayApp:
                                   max_in_flight=self.settings.max_concurrent_requests,
                                   max_body_bytes=self.settings.max_body_bytes,
                                   default_model=self.settings.default_model,
-                                  cors_origins=self.settings.cors_origins)
+                                  cors_origins=self.settings.cors_origins,
+                                  image_url_hosts=self.settings.image_url_hosts,
+                                  image_url_timeout_s=self.settings.image_url_timeout_s)
         app.state.gateway = self  # tests and `heron up` reach the live object through here
         return app
 

@@ -201,9 +201,10 @@ def chunks(items: list[Item], max_items: int = MAX_ITEMS_PER_REQUEST,
     out: list[tuple[int, list[Item]]] = []
     start, size, images = 0, 0, 0
     for n, item in enumerate(items):
-        image = item.image is not None
+        image = item.is_image  # bytes or a URL: either counts against the images' limit
         # An image goes as base64 under JSON: 4 bytes for 3.
         nbytes = (len(item.image) * 4 // 3 + 4 if item.image is not None
+                  else len(item.image_url) if item.image_url is not None
                   else len(item.text.encode("utf-8", "surrogatepass")))
         if n > start and (n - start >= max_items or size + nbytes > max_bytes
                           or (image and images >= MAX_IMAGES_PER_REQUEST)):
@@ -337,12 +338,16 @@ class CallBuilder:
 
         def body(part: list[Item], options: RequestOptions) -> dict[str, Any]:
             # top_k applies to the whole call: with several chunks, after the merge.
-            return ScoreRequest(query="" if picture is not None else query, items=part,
+            return ScoreRequest(query=query if picture is None and url is None else "",
+                                items=part,
                                 top_k=top_k if pieces == 1 else None,
                                 max_tokens_per_doc=opts.get("max_tokens_per_doc"),
-                                options=options, query_image=picture).to_wire()
+                                options=options, query_image=picture,
+                                query_image_url=url).to_wire()
 
         picture = image_bytes(query)  # an image query: bytes or a PIL image
+        # or Item.of_image_url(url), for the server to fetch
+        url = query.image_url if isinstance(query, Item) else None
 
         return self._split("score", model, items, body, opts, top_k=top_k)
 

@@ -6,6 +6,7 @@ status this table gives for its code.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -41,6 +42,7 @@ class ErrorCode(StrEnum):
     IMAGE_TOO_LARGE = "IMAGE_TOO_LARGE"
     TOO_MANY_IMAGES = "TOO_MANY_IMAGES"
     IMAGE_URL_REFUSED = "IMAGE_URL_REFUSED"
+    IMAGE_FETCH_FAILED = "IMAGE_FETCH_FAILED"
 
 
 STATUS_BY_CODE: dict[ErrorCode, int] = {
@@ -74,6 +76,7 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.IMAGE_TOO_LARGE: 413,
     ErrorCode.TOO_MANY_IMAGES: 413,
     ErrorCode.IMAGE_URL_REFUSED: 422,
+    ErrorCode.IMAGE_FETCH_FAILED: 422,
 }
 
 
@@ -173,6 +176,16 @@ def error_for_status(status: int, code: str, message: str, *, field: str | None 
         cls = ServerError
     return cls(code or ErrorCode.INTERNAL, message, field=field, retry_after_s=retry_after_s,
                status=status)
+
+
+def error_from_wire(error: Mapping[str, Any]) -> HeronError:
+    """The typed SDK error of an ``error`` object (``{code, message, field?}``) found in a
+    body: an item's own error in an encode or extract answer. Its status is its code's."""
+    code = str(error.get("code") or ErrorCode.INTERNAL)
+    field = error.get("field")
+    return error_for_status(STATUS_BY_CODE.get(code, 500),  # type: ignore[call-overload]
+                            code, str(error.get("message") or code),
+                            field=field if isinstance(field, str) else None)
 
 
 class ProtocolError(ValueError):

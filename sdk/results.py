@@ -7,13 +7,14 @@ friendly), so nothing the server sent is lost to the typed view.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from heron_sdk.errors import HeronError, ServerError, error_for_status
+from heron_sdk.errors import HeronError, error_for_status, error_from_wire
 from heron_sdk.types import Entity, Item, SparseVector
 
 # output_dtype -> the numpy dtype its arrays arrive in ("binary" is packed sign bits)
@@ -26,12 +27,10 @@ def _array(value: Any, dtype: Any) -> np.ndarray:
 
 
 def _item_error(row: Mapping[str, Any]) -> HeronError | None:
-    """A gateway answers encode/extract items whose slice failed as ``{"error": {...}}``."""
+    """An item that failed on its own is ``{"error": {...}}``: an image its model could
+    not decode (4xx), or, from a gateway, an item whose slice failed (5xx)."""
     error = row.get("error")
-    if not isinstance(error, Mapping):
-        return None
-    return error_for_status(500, str(error.get("code", "INTERNAL")),
-                            str(error.get("message", "")))
+    return error_from_wire(error) if isinstance(error, Mapping) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +87,10 @@ class _Items:
     def raise_for_errors(self) -> None:
         if self.errors:
             index, first = self.errors[0]
-            raise ServerError(first.code, f"{len(self.errors)} of {len(self.items)} items "
-                              f"failed; item {index}: {first.message}", status=first.status)
+            # A 4xx item (an image its model could not decode) raises a RequestError.
+            raise error_for_status(first.status, str(first.code),
+                                   f"{len(self.errors)} of {len(self.items)} items failed; "
+                                   f"item {index}: {first.message}", field=first.field)
 
     def to_dict(self) -> dict[str, Any]:
         return jsonable(self.raw)
@@ -110,7 +111,8 @@ class EncodeResult(_Items):
 
     @property
     def dense(self) -> np.ndarray:
-        """Every item's dense vector as one [items, dim] array (ServerError if any failed)."""
+        """Every item's dense vector as one [items, dim] array; raises the first failed
+        item's error (RequestError for a 4xx, ServerError for a 5xx) if any failed."""
         self.raise_for_errors()
         if any(item.dense is None for item in self.items):
             raise ValueError("this result has no dense output; ask for output_types=['dense']")
@@ -122,8 +124,30 @@ class EncodeResult(_Items):
         if not parts:
             raise ValueError("items must not be empty")
         raw = merge_bodies("encode", [p.raw for p in parts], [0] * len(parts))
-        return cls(model=parts[0].model, items=[e for p in parts for e in p.items],
-                   tokens=sum(p.tokens for p in parts), raw=raw)
+        items, offset = [], 0
+        for part in parts:
+            items += [_moved(e, offset) for e in part.items]
+            offset += len(part.items)
+        return cls(model=parts[0].model, items=items, tokens=sum(p.tokens for p in parts),
+                   raw=raw)
+
+
+_ITEM_INDEX = re.compile(r"items\[(\d+)\]")
+
+
+def _moved(item: Embedding, offset: int) -> Embedding:
+    """``item`` of a chunk that started at ``offset`` of the call: its error names the
+    call's item (``items[i]``), not the chunk's."""
+    error = item.error
+    if error is None or not offset:
+        return item
+
+    def shift(text: str) -> str:
+        return _ITEM_INDEX.sub(lambda m: f"items[{int(m.group(1)) + offset}]", text, count=1)
+
+    return replace(item, error=error_for_status(
+        error.status, str(error.code), shift(error.message),
+        field=None if error.field is None else shift(error.field)))
 
 
 @dataclass(frozen=True, slots=True)

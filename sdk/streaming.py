@@ -104,8 +104,9 @@ class ChunkBuilder:
         self.seen += 1
         size = len(item.text.encode("utf-8", "surrogatepass"))
         size += 8 * len(getattr(item, "tokens", None) or ())  # token-id items: ids on the wire
-        image = item.image is not None
+        image = item.is_image  # bytes or a URL
         size += len(item.image) * 4 // 3 if item.image is not None else 0  # base64 in JSON
+        size += len(item.image_url or "")
         out = []
         if self._items and (self._bytes + size > self.max_bytes
                             or (image and self._images >= MAX_IMAGES_PER_REQUEST)):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
-from heron_sdk.images import MAX_IMAGES_PER_REQUEST, check_image
+from heron_sdk.images import MAX_IMAGES_PER_REQUEST, check_image_field
 from heron_sdk.wire import array_to_base64
 
 TASKS = ("encode", "score", "extract")
@@ -99,12 +99,19 @@ def check_finite(value: Any, name: str) -> None:
 class Item:
     """A text, or (encode only) the model's own token ids in place of a text: OpenAI's
     token-id input. The server adds the model's special tokens around them. Or (encode and
-    score, image models) an image's encoded bytes (PNG, JPEG, WebP, ...)."""
+    score, image models) an image's encoded bytes (PNG, JPEG, WebP, ...), or its http(s)
+    URL, which the server fetches only from hosts its operator allows (else 422
+    IMAGE_URL_REFUSED); the server's front puts the fetched bytes in its place."""
 
     text: str
     id: str | None = None
     tokens: tuple[int, ...] | None = None  # then ``text`` is ""
     image: bytes | None = None  # then ``text`` is ""
+    image_url: str | None = None  # then ``text`` is "" and ``image`` None
+
+    @property
+    def is_image(self) -> bool:
+        return self.image is not None or self.image_url is not None
 
     def to_wire(self) -> dict[str, Any] | str:
         if self.tokens is not None:
@@ -112,6 +119,9 @@ class Item:
             return out if self.id is None else {**out, "id": self.id}
         if self.image is not None:  # raw bytes: msgpack bin; heron_sdk.wire's JSON, base64
             out = {"image": self.image}
+            return out if self.id is None else {**out, "id": self.id}
+        if self.image_url is not None:
+            out = {"image": self.image_url}
             return out if self.id is None else {**out, "id": self.id}
         return self.text if self.id is None else {"text": self.text, "id": self.id}
 
@@ -123,6 +133,12 @@ class Item:
     def of_image(cls, data: bytes, id: str | None = None) -> Item:
         """An image given as its file's bytes (PNG, JPEG, WebP, GIF, BMP)."""
         return cls("", id, None, bytes(data))
+
+    @classmethod
+    def of_image_url(cls, url: str, id: str | None = None) -> Item:
+        """An image given as its http(s) URL, for the server to fetch (a server fetches only
+        from the hosts its operator allows: ``--image-url-hosts``)."""
+        return cls("", id, None, None, url)
 
 
 def _parse_items(body: Mapping[str, Any], name: str = "items", *,
@@ -164,8 +180,9 @@ def _parse_items(body: Mapping[str, Any], name: str = "items", *,
             if images and "image" in entry:
                 if "text" in entry or "tokens" in entry:
                     raise invalid_field(f"{name}[{i}]", "takes an image or a text, not both")
-                items.append(Item.of_image(check_image(entry["image"], f"{name}[{i}].image"),
-                                           item_id))
+                image = check_image_field(entry["image"], f"{name}[{i}].image")
+                items.append(Item.of_image_url(image, item_id) if isinstance(image, str)
+                             else Item.of_image(image, item_id))
                 continue
             text = entry.get("text")
             if not isinstance(text, str):
@@ -174,7 +191,7 @@ def _parse_items(body: Mapping[str, Any], name: str = "items", *,
         else:
             raise invalid_field(f"{name}[{i}]", "must be a string or a {text, id} object")
     if images:
-        count = sum(1 for item in items if item.image is not None)
+        count = sum(1 for item in items if item.is_image)
         if count > MAX_IMAGES_PER_REQUEST:
             raise HeronError(ErrorCode.TOO_MANY_IMAGES,
                              f"{name}: {count} images is over the limit of "
@@ -371,18 +388,19 @@ class ScoreRequest:
     max_tokens_per_doc: int | None = None
     # An image query (wire: ``"query": {"image": ...}``; image models): then ``query`` is "".
     query_image: bytes | None = None
+    query_image_url: str | None = None  # or its URL, until the server's front fetches it
 
     @classmethod
     def from_wire(cls, body: Any) -> ScoreRequest:
         body = require_object(body)
         check_fields(body, SCORE_FIELDS)
         query = body.get("query")
-        query_image = None
+        query_image: bytes | str | None = None
         if isinstance(query, Mapping):
             check_fields(query, {"image"}, "query")
             if "image" not in query:
                 raise invalid_field("query.image", "is required in an image query")
-            query_image, query = check_image(query["image"], "query.image"), ""
+            query_image, query = check_image_field(query["image"], "query.image"), ""
         if not isinstance(query, str):
             raise invalid_field("query", "is required and must be a string or {image}")
         top_k = optional_field(body, "top_k", int, None)
@@ -394,10 +412,12 @@ class ScoreRequest:
         items = _parse_items(body, images=True)  # an image query is not counted
         return cls(query=check_text(query, "query"), items=items, top_k=top_k,
                    max_tokens_per_doc=max_tokens, options=RequestOptions.from_wire(body),
-                   query_image=query_image)
+                   query_image=query_image if isinstance(query_image, bytes) else None,
+                   query_image_url=query_image if isinstance(query_image, str) else None)
 
     def to_wire(self) -> dict[str, Any]:
-        query: Any = self.query if self.query_image is None else {"image": self.query_image}
+        picture = self.query_image if self.query_image is not None else self.query_image_url
+        query: Any = self.query if picture is None else {"image": picture}
         out: dict[str, Any] = {"query": query, "items": [i.to_wire() for i in self.items],
                                **self.options.to_wire()}
         if self.top_k is not None:

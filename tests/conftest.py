@@ -21,11 +21,13 @@ os.environ.setdefault("HERON_WORKERS", "1")
 
 import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 import yaml
 from hypothesis import settings
 
@@ -34,6 +36,7 @@ from tests.support.gateway_harness import GatewayThread, start_worker, unique
 from tests.support.nats_server import NatsServer
 from tests.support.servers import REPO, ServerProcess, start_serve
 from tests.support.tiny_models import build_tiny_models
+from tests.support.tiny_vision import build_tiny_clip
 
 # Property tests check logic, not speed: no per-example deadline on a busy CI machine. In CI
 # (CI set) the examples are derandomized: a run on a submission explores the same cases as
@@ -53,17 +56,49 @@ TINY_CONFIGS = {
                                  "document_instruction": "passage: "}),
     "tiny-sentencepiece": ("dense", {"pooling": "mean"}),
     "tiny-gliner": ("gliner", {}),
+    "tiny-clip": ("clip", {}),
+    # tiny-dense-cls's checkpoint again, with a LoRA adapter a request may name
+    "tiny-lora": ("dense", {"pooling": "mean"}),
 }
+# model name -> {adapter name: checkpoint name in ``tiny_models``}
+TINY_LORAS = {"tiny-lora": {"legal": "tiny-lora-legal"}}
+# model name -> the ``tiny_models`` checkpoint it serves, where the two differ
+TINY_SOURCES = {"tiny-lora": "tiny-dense-cls"}
+
+
+def build_tiny_lora(base: Path, path: Path, seed: int = 1) -> Path:
+    """A PEFT LoRA adapter on a tiny BertModel, with B drawn large enough (B is zero at
+    PEFT's default init) that it moves the embedding well away from the base model's."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import BertModel
+
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():  # peft calls a deprecated transformers property
+        warnings.simplefilter("ignore", FutureWarning)
+        model = get_peft_model(BertModel.from_pretrained(str(base)), LoraConfig(
+            r=4, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False))
+    with torch.no_grad():
+        for key, weight in model.named_parameters():
+            if "lora_B" in key:
+                weight.normal_(0.0, 0.5)
+    model.save_pretrained(str(path))
+    return path
 
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+    root = tmp_path_factory.mktemp("tiny-models")
+    models = build_tiny_models(root)
+    models["tiny-clip"] = build_tiny_clip(root / "tiny-clip")
+    models["tiny-lora-legal"] = build_tiny_lora(models["tiny-dense-cls"],
+                                                root / "tiny-lora-legal")
+    return models
 
 
 @pytest.fixture(scope="session")
 def test_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Path:
-    """bundles/default.yaml's models, splade-tiny, and every tiny model, in one bundle."""
+    """bundles/default.yaml's models, splade-tiny, and every tiny model, in one bundle: a
+    tiny CLIP (images) and a tiny dense model with a LoRA adapter among them."""
     root = tmp_path_factory.mktemp("bundles")
     (root / "models").mkdir()
     names = []
@@ -72,8 +107,11 @@ def test_bundle(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str,
         names.append(src)
     for name, (adapter, profile) in TINY_CONFIGS.items():
         config = {"id": f"test/{name}", "aliases": [name], "adapter": adapter,
-                  "source": {"path": str(tiny_models[name])},
+                  "source": {"path": str(tiny_models[TINY_SOURCES.get(name, name)])},
                   "profiles": {"default": {"max_sequence_length": 64, **profile}}}
+        if name in TINY_LORAS:
+            config["loras"] = {lora: {"path": str(tiny_models[checkpoint])}
+                               for lora, checkpoint in TINY_LORAS[name].items()}
         (root / "models" / f"{name}.yaml").write_text(yaml.safe_dump(config))
         names.append(f"{name}.yaml")
     bundle = {"name": "test", "models": names}

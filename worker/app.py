@@ -24,6 +24,7 @@ from heron.runtime.backend import (
     InferenceCall,
     Readiness,
     model_description,
+    settle_item_errors,
 )
 from heron.runtime.inference_app import build_inference_app
 from heron.runtime.logs import adopt_library_logs
@@ -130,7 +131,9 @@ class LocalBackend:
 
     async def encode(self, model: str, req: EncodeRequest, call: InferenceCall) -> Answer:
         self._deadline(model, req.options, call)
-        return _answer(await self.service.encode(model, req))
+        outcome = await self.service.encode(model, req)
+        settle_item_errors(outcome.body, call)
+        return _answer(outcome)
 
     async def score(self, model: str, req: ScoreRequest, call: InferenceCall) -> Answer:
         self._deadline(model, req.options, call)
@@ -222,7 +225,9 @@ class LocalBackend:
         return build_inference_app(self, title="Heron", lifespan=self.lifespan,
                                    max_body_bytes=self.settings.max_body_bytes,
                                    default_model=self.settings.default_model,
-                                   cors_origins=self.settings.cors_origins)
+                                   cors_origins=self.settings.cors_origins,
+                                   image_url_hosts=self.settings.image_url_hosts,
+                                   image_url_timeout_s=self.settings.image_url_timeout_s)
 
 
 def create_app(bundle: Bundle, *, device: str | None = None, precision: str | None = None,

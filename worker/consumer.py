@@ -36,6 +36,7 @@ from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind
 
 from heron.runtime import telemetry
+from heron.runtime.image_urls import ImageFetcher
 from heron.runtime.logs import bind_request
 from heron.runtime.nats_names import (
     WorkStreamSpec,
@@ -394,6 +395,10 @@ class WorkConsumer:
         if parse is None:
             raise HeronError(ErrorCode.MALFORMED_BODY, f"unknown task {item.task!r}")
         request = parse(wire.decode(data, wire.MSGPACK))
+        if isinstance(request, EncodeRequest | ScoreRequest) and ImageFetcher.pending(request):
+            # A gateway fetches image URLs before it publishes; a worker fetches nothing.
+            raise HeronError(ErrorCode.IMAGE_URL_REFUSED, "a work item holds an image URL; "
+                             "workers fetch nothing (the gateway fetches image URLs)")
         if item.priority is not None:
             request.options.priority = item.priority
         if item.deadline is not None:  # the batcher drops it if it expires while queued

@@ -10,9 +10,16 @@ changed (a merged adapter would have to be unmerged, in float, exactly). Rows ar
 to tokens through the batch's layout: padded ``[B, L]`` or packed ``[1, T]`` (each packed
 token's item is known), and ``[B]`` for a layer that runs on pooled rows.
 
+A module the adapter saved whole (PEFT's ``modules_to_save``: a cross-encoder's trained
+``classifier``) is wrapped too (``LoraSwap``): the rows of an adapter that saved it are
+computed by its own copy of the module (the base's, with the adapter's weights), the other
+rows by the base's. The module must treat the rows of its first argument (dim 0) apart, as a
+head on pooled rows or a position-wise layer on padded ``[B, L, H]`` does; where the rows
+cannot be told apart (packed ``[1, T, H]``), that adapter's batches are computed apart.
+
 The cost: two small matmuls per adapted layer per adapter in the batch, and for a batch
 that mixes adapters a gather and scatter of its rows (bench/lora_bench.py,
-docs/benchmarks.md).
+docs/benchmarks.md); a saved module runs once more, on its adapter's rows.
 
 Life cycle: a request ``use``s an adapter for as long as its items are queued or computed,
 so an adapter in use is never unloaded. Files are read on a thread (torch-free); tensors
@@ -25,12 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,6 +67,8 @@ class LoraWeights:
     modules: dict[str, tuple[torch.Tensor, torch.Tensor]]
     nbytes: int
     load_s: float
+    # Serving module path -> the adapter's copy of a module it saved whole.
+    saved: dict[str, torch.nn.Module] = field(default_factory=dict)
     # An adapted layer of this model once ran on neither the batch's tokens nor its rows
     # (a BERT pooler over a packed sequence): its batches are computed apart from others.
     unmixable: bool = False
@@ -96,6 +106,37 @@ class LoraLinear(torch.nn.Module):
         return y if active is None else active.apply(self.lora_path, x, y)
 
 
+class LoraSwap(torch.nn.Module):
+    """A module that some adapters saved whole: their rows get their copy's output."""
+
+    def __init__(self, base: torch.nn.Module, path: str, owner: LoraSet) -> None:
+        super().__init__()
+        self.base = base
+        self.lora_path = path
+        self.__dict__["_owner"] = owner
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        y = self.base(*args, **kwargs)
+        active: ActiveLoras | None = self._owner.active
+        return y if active is None else active.swap(self.lora_path, args, kwargs, y)
+
+
+def _inner(module: torch.nn.Module) -> torch.nn.Module:
+    while isinstance(module, LoraSwap | LoraLinear):
+        module = module.base
+    return module
+
+
+def _plain_copy(module: torch.nn.Module, owner: LoraSet) -> torch.nn.Module:
+    """A copy of ``module`` without Heron's wrappers, in it or around it."""
+    plain = copy.deepcopy(_inner(module), memo={id(owner): owner})
+    for parent in list(plain.modules()):
+        for child_name, child in list(parent.named_children()):
+            if _inner(child) is not child:
+                setattr(parent, child_name, _inner(child))
+    return plain
+
+
 @dataclass(slots=True)
 class _Group:
     lora: LoraWeights
@@ -130,6 +171,33 @@ class ActiveLoras:
             y[mask] = y[mask] + F.linear(F.linear(x[mask], a), b)
         return y
 
+    def swap(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any], y: Any) -> Any:
+        """``y``, the base module's output, with the rows of each adapter that saved the
+        module at ``path`` computed by its copy instead."""
+        out = y
+        for group in self.groups:
+            module = group.lora.saved.get(path)
+            if module is None:
+                continue
+            if group.tokens is None:  # the whole batch is this adapter's
+                return module(*args, **kwargs)
+            rows = group.rows
+            assert rows is not None
+            n = rows.shape[0]
+            if not (args and _by_row(args[0], n) and _by_row(out, n)):
+                group.lora.unmixable = self.mismatch = True  # redone, split by adapter
+                continue
+            picked = module(*(a[rows] if _by_row(a, n) else a for a in args),
+                            **{k: v[rows] if _by_row(v, n) else v for k, v in kwargs.items()})
+            if out is y:
+                out = y.clone()  # y may be the module's input (an identity in eval)
+            out[rows] = picked.to(out.dtype)
+        return out
+
+
+def _by_row(value: Any, rows: int) -> bool:
+    return isinstance(value, torch.Tensor) and value.ndim > 0 and value.shape[0] == rows
+
 
 class LoraSet:
     """The LoRA adapters of one loaded model."""
@@ -144,6 +212,7 @@ class LoraSet:
         self._refs: dict[str, int] = {}
         self._loading: dict[str, asyncio.Task[LoraWeights]] = {}
         self._wrapped: dict[str, LoraLinear] = {}
+        self._swapped: dict[str, LoraSwap] = {}
         self.active: ActiveLoras | None = None  # set on the inference thread per batch
         # Set by the registry: evict other idle models until this many more bytes fit.
         self.make_room: Callable[[int], Awaitable[None]] | None = None
@@ -206,6 +275,7 @@ class LoraSet:
             path = await asyncio.to_thread(resolve_lora, self.config.id, name, source)
             data = await asyncio.to_thread(read_lora, path, name)
             paths = self._targets(data)
+            saved = self._saved_targets(data)
         except WeightsTemporarilyUnavailable as exc:
             raise HeronError(ErrorCode.MODEL_LOADING, f"{label} cannot load now: {exc}",
                              retry_after_s=exc.retry_after_s) from exc
@@ -218,7 +288,10 @@ class LoraSet:
             if self.make_room is not None:
                 await self.make_room(data.nbytes)
             lora = await loop.run_in_executor(self._infer_pool, self._install, name, source,
-                                              data, paths, started)
+                                              data, paths, saved, started)
+        except LoraFileError as exc:
+            raise HeronError(ErrorCode.MODEL_LOAD_FAILED,
+                             f"{label} failed to load: {exc}") from exc
         except (InsufficientMemory, MemoryError, torch.OutOfMemoryError) as exc:
             raise HeronError(ErrorCode.INSUFFICIENT_MEMORY, f"{label} cannot load now: {exc}",
                              retry_after_s=5.0) from exc
@@ -227,8 +300,9 @@ class LoraSet:
         self._resident[name] = lora
         if old is not None:
             log.info("%s reloaded (its source changed)", label)
-        log.info("%s loaded in %.0f ms (%d layers, rank %d, %.1f MB)", label,
-                 lora.load_s * 1000, len(lora.modules), data.rank, lora.nbytes / 1e6)
+        log.info("%s loaded in %.0f ms (%d layers, rank %d, %d modules saved whole, "
+                 "%.1f MB)", label, lora.load_s * 1000, len(lora.modules), data.rank,
+                 len(lora.saved), lora.nbytes / 1e6)
         return lora
 
     def _make_slot(self, name: str, nbytes: int) -> None:
@@ -262,7 +336,8 @@ class LoraSet:
             for start in range(len(parts)):
                 tail = ".".join(parts[start:])
                 for name in (tail, f"{prefix}.{tail}" if prefix else tail):
-                    if isinstance(modules.get(name), torch.nn.Linear | LoraLinear):
+                    module = modules.get(name)
+                    if module is not None and isinstance(_inner(module), torch.nn.Linear):
                         found = name
                         break
                 if found:
@@ -270,7 +345,7 @@ class LoraSet:
             if found is None:
                 raise LoraFileError(f"{data.name}: layer {path} is not a linear layer of "
                                     f"model {self.config.id}")
-            layer = modules[found]
+            layer = _inner(modules[found])
             if (layer.in_features, layer.out_features) != (lora.a.shape[1], lora.b.shape[0]):
                 raise LoraFileError(
                     f"{data.name}: {path} is {lora.a.shape[1]} -> {lora.b.shape[0]}, the "
@@ -280,12 +355,53 @@ class LoraSet:
             out[path] = found
         return out
 
+    def _saved_targets(self, data: LoraFile) -> dict[str, str]:
+        """PEFT module path -> the serving model's module path, for every module the
+        adapter saved whole: the longest suffix that names a module here (as ``_targets``)
+        whose parameters and buffers have the saved names and shapes."""
+        modules = dict(self.model.named_modules())
+        prefix = getattr(self.model, "base_model_prefix", "") or ""
+        out: dict[str, str] = {}
+        for path, state in data.saved.items():
+            parts = path.split(".")
+            tails = (".".join(parts[start:]) for start in range(len(parts)))
+            found = next((name for tail in tails
+                          for name in (tail, f"{prefix}.{tail}" if prefix else tail)
+                          if name in modules), None)
+            if found is None:
+                raise LoraFileError(f"{data.name}: module {path} (modules_to_save) is not a "
+                                    f"module of model {self.config.id}")
+            if found in out.values():
+                raise LoraFileError(f"{data.name}: two saved modules map to {found}")
+            # Heron's own wrappers inside it are not the checkpoint's: compare without them.
+            have = {k: tuple(v.shape) for k, v in _plain_copy(
+                modules[found], self).state_dict().items()}
+            want = {k: tuple(v.shape) for k, v in state.items()}
+            if have != want:
+                raise LoraFileError(
+                    f"{data.name}: module {path} (modules_to_save) does not fit the model's "
+                    f"{found}: saved {sorted(want.items())[:4]}, model "
+                    f"{sorted(have.items())[:4]}")
+            out[path] = found
+        return out
+
     def _install(self, name: str, source: WeightSource, data: LoraFile,
-                 paths: dict[str, str], started: float) -> LoraWeights:
+                 paths: dict[str, str], saved_paths: dict[str, str],
+                 started: float) -> LoraWeights:
         """On the inference thread: tensors on the model's device and dtype, and a wrapper
-        around each adapted layer that has none yet."""
+        around each adapted layer, and each module saved whole, that has none yet."""
         modules = {}
         nbytes = 0
+        saved = {}
+        for path, state in data.saved.items():
+            target = saved_paths[path]
+            copied = _plain_copy(self.model.get_submodule(target), self).eval()
+            try:  # into the copy's own tensors: the model's device and dtype
+                copied.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+            except RuntimeError as exc:
+                raise LoraFileError(f"{data.name}: module {path}: {exc}") from exc
+            saved[target] = copied
+            nbytes += sum(t.numel() * t.element_size() for t in copied.state_dict().values())
         device = self._adapter.device
         # The model's weights dtype (fp16 on CUDA; fp32 on CPU, where autocast casts).
         dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()),
@@ -298,11 +414,21 @@ class LoraSet:
             nbytes += a.numel() * a.element_size() + b.numel() * b.element_size()
             if target not in self._wrapped:
                 self._wrap(target)
-        return LoraWeights(name, source, modules, nbytes, time.monotonic() - started)
+        for target in saved:
+            if target not in self._swapped:
+                parent, child = self._parent(target)
+                self._swapped[target] = LoraSwap(getattr(parent, child), target, self)
+                setattr(parent, child, self._swapped[target])
+        return LoraWeights(name, source, modules, nbytes, time.monotonic() - started, saved)
+
+    def _parent(self, target: str) -> tuple[torch.nn.Module, str]:
+        parent_name, _, child = target.rpartition(".")
+        return (self.model.get_submodule(parent_name) if parent_name else self.model), child
 
     def _wrap(self, target: str) -> None:
-        parent_name, _, child = target.rpartition(".")
-        parent = self.model.get_submodule(parent_name) if parent_name else self.model
+        parent, child = self._parent(target)
+        while isinstance(getattr(parent, child), LoraSwap):  # a saved module's base
+            parent, child = getattr(parent, child), "base"
         base = getattr(parent, child)
         assert isinstance(base, torch.nn.Linear)
         wrapper = LoraLinear(base, target, self)

@@ -1,7 +1,9 @@
 """LoRA adapter files: where they are (the weight tiers models use) and what they say.
 
 An adapter is a PEFT LoRA checkpoint, as ``PeftModel.save_pretrained`` writes it:
-``adapter_config.json`` and ``adapter_model.safetensors``. Its source has the shape of a
+``adapter_config.json`` and ``adapter_model.safetensors``: the LoRA pairs, and the modules
+of ``modules_to_save`` saved whole (a classifier head trained with the adapter: PEFT's
+``SEQ_CLS`` task adds ``classifier`` and ``score`` itself). Its source has the shape of a
 model's (``path``, ``package`` + ``subdir``, or ``hub`` + ``revision``); a ``hub`` adapter
 goes through the same tiers as a model's weights (local cache, the S3 cluster cache, the
 Hub: worker/weights.py), cached under its repository id.
@@ -9,8 +11,8 @@ Hub: worker/weights.py), cached under its repository id.
 Reading is torch-free (safetensors' numpy loader): it runs on a short-lived thread while the
 model's inference thread keeps serving, and torch tensors are made on that thread later
 (worker/lora.py). Anything Heron would compute differently from PEFT is refused here, with
-the reason, rather than served: DoRA, trained biases, modules saved whole
-(``modules_to_save``), embedding or convolution LoRA, ``fan_in_fan_out`` layers.
+the reason, rather than served: DoRA, trained biases, embedding or convolution LoRA,
+``fan_in_fan_out`` layers, a LoRA layer inside a module saved whole.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import importlib.util
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +62,18 @@ class LoraModule:
 
 @dataclass(slots=True)
 class LoraFile:
-    """An adapter as read from disk: PEFT module path -> its weights."""
+    """An adapter as read from disk: PEFT module path -> its LoRA weights, and PEFT module
+    path -> the state dict of a module it saved whole (``modules_to_save``)."""
 
     name: str
     rank: int
     modules: dict[str, LoraModule]
+    saved: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        return sum(m.a.nbytes + m.b.nbytes for m in self.modules.values())
+        return (sum(m.a.nbytes + m.b.nbytes for m in self.modules.values())
+                + sum(a.nbytes for state in self.saved.values() for a in state.values()))
 
 
 def resolve_lora(model_id: str, name: str, source: WeightSource) -> Path:
@@ -123,16 +128,27 @@ def read_lora(path: Path, name: str) -> LoraFile:
         tensors = load_file(str(weights))
     except Exception as exc:  # a truncated or foreign file: safetensors' own errors
         raise LoraFileError(f"{name}: {weights} cannot be read: {exc}") from exc
+    to_save = _modules_to_save(config, name)
     pairs: dict[str, dict[str, np.ndarray]] = {}
+    saved: dict[str, dict[str, np.ndarray]] = {}
     for key, array in tensors.items():
         match = _KEY.match(key)
-        if match is None:
+        if match is not None:
+            pairs.setdefault(match["module"], {})[match["ab"]] = array
+            continue
+        found = _saved_module(key.removeprefix("base_model.model."), to_save)
+        if found is None:
             raise LoraFileError(
-                f"{name}: weight {key!r} is not a LoRA A/B matrix (modules_to_save, "
-                "embedding LoRA and biases are not served)")
-        pairs.setdefault(match["module"], {})[match["ab"]] = array
-    if not pairs:
+                f"{name}: weight {key!r} is neither a LoRA A/B matrix nor part of a module "
+                "in modules_to_save (embedding LoRA and biases are not served)")
+        saved.setdefault(found[0], {})[found[1]] = array
+    if not pairs and not saved:
         raise LoraFileError(f"{name}: {weights} holds no LoRA weights")
+    for module in pairs:
+        inside = next((m for m in saved if module == m or module.startswith(f"{m}.")), None)
+        if inside is not None:
+            raise LoraFileError(f"{name}: LoRA layer {module} is inside {inside}, which the "
+                                "adapter saves whole (modules_to_save)")
     modules = {}
     for module, ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:
@@ -142,7 +158,28 @@ def read_lora(path: Path, name: str) -> LoraFile:
             raise LoraFileError(f"{name}: {module}: A {a.shape} and B {b.shape} are not a "
                                 "linear LoRA pair")
         modules[module] = LoraModule(a, b, _scale(config, module, a.shape[0], name))
-    return LoraFile(name, max(m.a.shape[0] for m in modules.values()), modules)
+    rank = max((m.a.shape[0] for m in modules.values()), default=0)
+    return LoraFile(name, rank, modules, saved)
+
+
+def _modules_to_save(config: dict[str, Any], name: str) -> list[list[str]]:
+    """adapter_config.json's ``modules_to_save``, each name split at its dots."""
+    names = config.get("modules_to_save") or []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise LoraFileError(f"{name}: modules_to_save must be a list of module names, got "
+                            f"{names!r}")
+    return [n.split(".") for n in dict.fromkeys(names)]
+
+
+def _saved_module(key: str, to_save: list[list[str]]) -> tuple[str, str] | None:
+    """(module path, parameter name) of a saved key, for the outermost module whose path
+    ends with a ``modules_to_save`` name (PEFT's match), or None. PEFT saves such a module's
+    state dict under its own path (``classifier.weight``, ``classifier.out_proj.bias``)."""
+    parts = key.split(".")
+    for end in range(1, len(parts)):
+        if any(parts[max(0, end - len(n)):end] == n for n in to_save):
+            return ".".join(parts[:end]), ".".join(parts[end:])
+    return None
 
 
 def _scale(config: dict[str, Any], module: str, rank: int, name: str) -> float:

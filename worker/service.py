@@ -19,7 +19,7 @@ import numpy as np
 from heron.runtime import telemetry
 from heron.runtime.http import server_timing
 from heron.runtime.modelconfig import lora_source
-from heron.worker.adapters import Adapter, TextInput, TokenIds, Tokenized
+from heron.worker.adapters import Adapter, RefusedItem, TextInput, TokenIds, Tokenized
 from heron.worker.images import ImageInput
 from heron.worker.outputs import quantize, truncate_dims
 from heron.worker.registry import ModelEntry, ModelRegistry
@@ -117,11 +117,13 @@ class InferenceService:
 
     # ---- the shared path: tokenize, check, batch, infer --------------------------------
     async def _run(self, runner: ModelRunner, inputs: list[TextInput], options: RequestOptions,
-                   timings: Timings, *, queries: int = 0, prompts: tuple[str, str] = ("", "")
-                   ) -> tuple[list[Tokenized], list[ItemResult]]:
+                   timings: Timings, *, queries: int = 0, prompts: tuple[str, str] = ("", ""),
+                   partial: bool = False) -> tuple[list[Tokenized], list[ItemResult]]:
         """Tokenize, batch and compute ``inputs``; the first ``queries`` of them are queries
         (tokenized as the model tokenizes queries, after ``prompts[0]``), the rest documents
-        (after ``prompts[1]``)."""
+        (after ``prompts[1]``). An item the model refuses (a corrupt image: a RefusedItem)
+        fails the request, unless ``partial``: then its result is None and the others are
+        computed."""
         # Counted from before tokenizing: a model with a request anywhere past picking its
         # runner is busy, and LRU eviction leaves busy models alone.
         runner.in_flight += 1
@@ -129,13 +131,14 @@ class InferenceService:
             # The request's LoRA adapter stays loaded until its items are computed.
             async with runner.loras.use(options.adapter) as lora:
                 return await self._tokenize_and_infer(runner, inputs, options, timings,
-                                                      queries, prompts, lora)
+                                                      queries, prompts, lora, partial)
         finally:
             runner.in_flight -= 1
 
     async def _tokenize_and_infer(self, runner: ModelRunner, inputs: list[TextInput],
                                   options: RequestOptions, timings: Timings, queries: int,
-                                  prompts: tuple[str, str], lora: Any = None
+                                  prompts: tuple[str, str], lora: Any = None,
+                                  partial: bool = False
                                   ) -> tuple[list[Tokenized], list[ItemResult]]:
         started = time.monotonic()
         deadline = started + options.timeout_s if options.timeout_s else None
@@ -148,6 +151,10 @@ class InferenceService:
             if span is not None:
                 span.set_attribute("heron.tokens", sum(t.length for t in tokens))
         timings.tokenize = time.monotonic() - started
+        refused = [t for t in tokens if isinstance(t, RefusedItem)]
+        if refused and (not partial or refused[0].error is None):
+            raise refused[0].error or HeronError(ErrorCode.INTERNAL, "an item was refused")
+        computed = [t for t in tokens if not isinstance(t, RefusedItem)] if refused else tokens
         if not options.truncate:
             for i, t in enumerate(tokens):
                 if t.truncated:
@@ -156,7 +163,9 @@ class InferenceService:
                         f"items[{i}]: longer than the model's {runner.adapter.max_length} tokens"
                         " and truncate is false", field=f"items[{i}]")
         submitted = time.monotonic()
-        coro = runner.infer(tokens, priority=options.priority, deadline=deadline, lora=lora)
+        if not computed:  # every item refused: nothing to compute
+            return tokens, [None] * len(tokens)  # type: ignore[list-item]
+        coro = runner.infer(computed, priority=options.priority, deadline=deadline, lora=lora)
         try:
             if deadline is None:
                 results = await coro
@@ -169,6 +178,10 @@ class InferenceService:
         # The item that finished last tells both phases: maxima taken apart could add up to
         # more than the time that passed (one item queued long, another's batch ran long).
         last = max(results, key=lambda r: r.queue_s + r.inference_s)
+        if refused:  # back in the request's order, None where an item was refused
+            done = iter(results)
+            results = [None if isinstance(t, RefusedItem) else next(done)  # type: ignore[misc]
+                       for t in tokens]
         timings.batch_wait, timings.inference = last.queue_s, last.inference_s
         if telemetry.enabled():  # measured by the batcher and the inference thread
             queued = telemetry.wall_ns(submitted)
@@ -215,15 +228,22 @@ class InferenceService:
         timings = Timings()
         tokens, results = await self._run(runner, encode_inputs(runner.adapter, req), req.options,
                                           timings, queries=len(req.items) if req.is_query else 0,
-                                          prompts=(prompt, prompt))
+                                          prompts=(prompt, prompt), partial=True)
         postprocess_started = time.monotonic()
         normalize = getattr(runner.adapter, "normalize", True)
         enc = req.options.encoding
         items = []
+        errors = 0
         for item, tok, res in zip(req.items, tokens, results, strict=True):
             out: dict[str, Any] = {}
             if item.id is not None:
                 out["id"] = item.id
+            if isinstance(tok, RefusedItem) and tok.error is not None:
+                # The item's own 4xx in its place (heron.runtime.backend.answer_items
+                # decides what the request answers when no item succeeded).
+                items.append({**tok.error.to_body(), **out})
+                errors += 1
+                continue
             for kind in req.output_types:
                 value = res.value[kind]
                 if kind == "dense":
@@ -241,6 +261,8 @@ class InferenceService:
             items.append(out)
         body = {"model": entry.config.id, "items": items,
                 "usage": {"tokens": sum(t.length for t in tokens)}}
+        if errors:
+            body["errors"] = errors
         self._answered(entry.config.id, timings, postprocess_started)
         return Outcome(body, timings, entry.config.id)
 

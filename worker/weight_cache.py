@@ -39,6 +39,9 @@ from heron.worker.weight_stats import STATS
 log = logging.getLogger("heron.worker.weights")
 
 MARKER = ".complete"
+# A model directory has one of these at its root (a sentence-transformers Router: only
+# modules.json; GLiNER: gliner_config.json; a PEFT LoRA adapter: adapter_config.json).
+DESCRIPTORS = ("config.json", "modules.json", "gliner_config.json", "adapter_config.json")
 LAST_USED = ".last_used"
 STAGING = ".staging"
 TRASH = ".trash"
@@ -82,10 +85,9 @@ def model_dir(key: CacheKey, root: Path | None = None) -> Path:
 
 
 def is_complete(path: Path) -> bool:
-    """A fill's marker, or a directory an operator copied in by hand (it has config.json,
-    or adapter_config.json for a LoRA adapter)."""
-    return (path / MARKER).is_file() or (path / "config.json").is_file() or (
-        path / "adapter_config.json").is_file()
+    """A fill's marker, or a directory an operator copied in by hand (it has one of
+    DESCRIPTORS)."""
+    return any((path / name).is_file() for name in (MARKER, *DESCRIPTORS))
 
 
 def model_files(path: Path) -> dict[str, int]:

@@ -7,7 +7,9 @@
   (honouring HF_HUB_OFFLINE). A copy fetched from S3 or the Hub lands in the local cache; one
   fetched from the Hub is also uploaded to S3 in the background (read-through), so the next
   worker reads S3. The local cache is kept within its budget (LRU) after each fill and once
-  per process at the first resolution.
+  per process at the first resolution. From the Hub, a folder's ``pytorch_model.bin`` (or its
+  shards) is fetched only where it has no safetensors (``hub_patterns``); loaders read it
+  with ``torch.load(weights_only=True)``.
 
 Failures come in two classes: ``WeightsUnavailable`` (no tier has the weights, or one is
 misconfigured: retrying will not help) and ``WeightsTemporarilyUnavailable`` (a full disk, S3
@@ -21,17 +23,19 @@ import errno
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from heron.runtime.modelconfig import ModelConfig
 from heron.worker import weight_stats
 from heron.worker.weight_cache import (
+    DESCRIPTORS,
     CacheBudget,
     CacheKey,
     cache_root,
@@ -53,6 +57,12 @@ log = logging.getLogger("heron.worker.weights")
 # *.py: code a trust_remote_code model ships; artifact.metadata: Stanford ColBERT's settings.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*", "*.pt", "*.py",
                 "artifact.metadata"]
+# A folder with no *.safetensors (many GLiNER repositories, older 2_Dense/ heads) gets its
+# torch weights instead: pytorch_model.bin or its shards, never other pickles a repository
+# may hold (training_args.bin, optimizer.bin: whole Python objects). Every loader reads them
+# with torch.load(weights_only=True) (transformers' own default too), which unpickles tensors
+# and plain containers only: no code runs from a .bin.
+TORCH_WEIGHTS = re.compile(r"pytorch_model(?:-\d+-of-\d+)?\.bin")
 RETRY_AFTER_S = 30.0
 
 
@@ -195,6 +205,24 @@ def _fill_from_s3(s3: S3WeightCache, key: CacheKey, pin: bool) -> Path | None:
     return _after_fill(key, final, pin)
 
 
+def hub_patterns(listing: Iterable[str]) -> list[str]:
+    """The ``allow_patterns`` for a Hub repository whose files are ``listing``: HUB_PATTERNS,
+    and the torch weights (TORCH_WEIGHTS) of each folder that has no ``*.safetensors``."""
+    names = [PurePosixPath(name) for name in listing]
+    with_safetensors = {name.parent for name in names if name.suffix == ".safetensors"}
+    torch_files = [name.as_posix() for name in names
+                   if TORCH_WEIGHTS.fullmatch(name.name) and name.parent not in with_safetensors]
+    return [*HUB_PATTERNS, *torch_files]
+
+
+def hub_files(listing: Iterable[str]) -> list[str]:
+    """The files of ``listing`` that a Hub fill downloads (huggingface-hub's own matching)."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    names = list(listing)
+    return list(filter_repo_objects(names, allow_patterns=hub_patterns(names)))
+
+
 class _HubFailure(Exception):
     def __init__(self, message: str, transient: bool = False) -> None:
         super().__init__(message)
@@ -203,7 +231,8 @@ class _HubFailure(Exception):
 
 def _fill_from_hub(model_id: str, repo: str, key: CacheKey,
                    pin: bool) -> tuple[Path, dict[str, Any]]:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.constants import HF_HUB_DOWNLOAD_TIMEOUT
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
@@ -211,16 +240,22 @@ def _fill_from_hub(model_id: str, repo: str, key: CacheKey,
                           f"network, or point source.path at a copy")
     started = time.monotonic()
     with _filling(), staging_dir(key) as staging:
+        endpoint = os.environ.get("HF_ENDPOINT") or None
         try:
-            snapshot_download(repo_id=repo, revision=key.revision, local_dir=str(staging),
-                              endpoint=os.environ.get("HF_ENDPOINT") or None,
-                              allow_patterns=HUB_PATTERNS)
+            # The listing first: which weights to fetch depends on what the revision holds.
+            # Its commit is then downloaded, so the files are the listing's.
+            info = HfApi(endpoint=endpoint).model_info(
+                repo, revision=key.revision or "main", timeout=HF_HUB_DOWNLOAD_TIMEOUT)
+            listing = [s.rfilename for s in info.siblings or ()]
+            snapshot_download(repo_id=repo, revision=info.sha or key.revision,
+                              local_dir=str(staging), endpoint=endpoint,
+                              allow_patterns=hub_patterns(listing))
         except Exception as exc:  # network errors come in many types
             if _is_disk_full(exc):
                 raise
             status = _http_status(exc)
             why = (f" (HTTP {status})" if status else
-                   " (unreachable)" if isinstance(exc, LocalEntryNotFoundError) else "")
+                   " (unreachable)" if _is_unreachable(exc, LocalEntryNotFoundError) else "")
             raise _HubFailure(
                 f"could not download {repo} from the Hugging Face Hub{why}: "
                 f"{type(exc).__name__}: {exc}", transient=status == 429 or status >= 500,
@@ -228,8 +263,7 @@ def _fill_from_hub(model_id: str, repo: str, key: CacheKey,
         shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface-hub's bookkeeping
         files = model_files(staging)
         # adapter_config.json: a LoRA adapter (worker/lora_files.py) takes the same tiers
-        if not {"config.json", "modules.json", "gliner_config.json",
-                "adapter_config.json"} & set(files):
+        if not set(DESCRIPTORS) & set(files):
             raise _HubFailure(f"{repo} on the Hugging Face Hub has no config.json, "
                               f"modules.json, gliner_config.json or adapter_config.json "
                               f"(not a transformers model or PEFT adapter)")
@@ -324,6 +358,12 @@ def _is_disk_full(exc: BaseException) -> bool:
                for e in _causes(exc))
 
 
+def _is_unreachable(exc: BaseException, offline: type[BaseException]) -> bool:
+    import httpx
+
+    return any(isinstance(e, offline | httpx.TransportError) for e in _causes(exc))
+
+
 def _http_status(exc: BaseException) -> int:
     for e in _causes(exc):
         status = getattr(getattr(e, "response", None), "status_code", None)
@@ -376,5 +416,6 @@ def wait_for_uploads(timeout: float | None = None) -> bool:
     return not any(t.is_alive() for t in threads)
 
 
-__all__ = ["WeightsTemporarilyUnavailable", "WeightsUnavailable", "cache_dir", "pin_weights",
-           "resolve_weights", "unpin_weights", "wait_for_uploads"]
+__all__ = ["WeightsTemporarilyUnavailable", "WeightsUnavailable", "cache_dir", "hub_files",
+           "hub_patterns", "pin_weights", "resolve_weights", "unpin_weights",
+           "wait_for_uploads"]

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
-from heron.worker.weight_cache import MARKER, CacheKey
+from heron.worker.weight_cache import DESCRIPTORS, MARKER, CacheKey
 
 WEIGHTS_S3_ENV = "HERON_WEIGHTS_S3"
 
@@ -134,9 +134,9 @@ def manifest_files(manifest: dict[str, Any]) -> dict[str, int]:
     """The manifest's files, checked: relative paths inside the model directory, sizes."""
     files = manifest["files"]
     # adapter_config.json: the cluster cache holds LoRA adapters too (worker/lora_files.py)
-    if not isinstance(files, dict) or not {"config.json", "adapter_config.json"} & set(files):
-        raise ValueError("files must map names to sizes and include config.json (or "
-                         "adapter_config.json)")
+    if not isinstance(files, dict) or not set(DESCRIPTORS) & set(files):
+        raise ValueError(f"files must map names to sizes and include one of "
+                         f"{', '.join(DESCRIPTORS)}")
     for name, size in files.items():
         parts = PurePosixPath(name).parts
         if not parts or name.startswith("/") or ".." in parts or not isinstance(size, int):

@@ -40,17 +40,18 @@ def _encode(client: Client, args: argparse.Namespace) -> Any:
     return client.encode(args.model, _encode_items(args),
                          output_types=args.output_type or ["dense"],
                          output_dtype=args.dtype, dims=args.dims, is_query=args.query,
-                         pool=args.pool).to_dict()
+                         adapter=args.adapter, pool=args.pool).to_dict()
 
 
 def _score(client: Client, args: argparse.Namespace) -> Any:
     return client.score(args.model, args.query, _texts(args), top_k=args.top_k,
-                        pool=args.pool).to_dict()
+                        adapter=args.adapter, pool=args.pool).to_dict()
 
 
 def _extract(client: Client, args: argparse.Namespace) -> Any:
     return client.extract(args.model, _texts(args), labels=args.labels,
-                          threshold=args.threshold, pool=args.pool).to_dict()
+                          threshold=args.threshold, adapter=args.adapter,
+                          pool=args.pool).to_dict()
 
 
 def _models(client: Client, args: argparse.Namespace) -> Any:
@@ -75,7 +76,8 @@ def run_client_command(args: argparse.Namespace,
 
 def add_client_commands(sub: argparse._SubParsersAction) -> None:
     def parser(name: str, help_text: str,
-               command: Callable[[Client, argparse.Namespace], Any]) -> argparse.ArgumentParser:
+               command: Callable[[Client, argparse.Namespace], Any],
+               inference: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--url", default=default_url(),
                        help="server or gateway URL (default: HERON_URL or %(default)s)")
@@ -84,6 +86,10 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--timeout", type=float, default=60.0, help="seconds for the call")
         p.add_argument("--provision-timeout", type=float, default=300.0,
                        help="seconds to wait while capacity is provisioned (202/503)")
+        if inference:  # a request option of encode, score and extract
+            p.add_argument("--adapter", default=None, metavar="NAME",
+                           help="compute with this LoRA adapter of the model (its config's "
+                                "loras; MODEL@NAME says the same)")
         p.set_defaults(func=lambda args: run_client_command(args, command))
         return p
 
@@ -118,5 +124,5 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:
     extract.add_argument("--threshold", type=float, default=0.0)
 
     models = parser("models", "list the models (or describe one): heron models [MODEL]",
-                    _models)
+                    _models, inference=False)
     models.add_argument("model", nargs="?")

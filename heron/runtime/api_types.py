@@ -63,7 +63,9 @@ TokenIds = Annotated[list[Annotated[int, schema(minimum=0, maximum=MAX_INTEGER)]
 ImageData = Annotated[str, schema(pattern=IMAGE_PATTERN, description=(
     f"An image file's bytes (PNG, JPEG, WebP, GIF, BMP) as standard padded base64, or a "
     f"data:image/<type>;base64, URL; under msgpack, the raw bytes. At most {MAX_IMAGE_BYTES:,} "
-    f"bytes (413 IMAGE_TOO_LARGE); http(s) URLs are refused (422 IMAGE_URL_REFUSED)."))]
+    f"bytes (413 IMAGE_TOO_LARGE). Or an http(s) URL of the image: refused (422 "
+    f"IMAGE_URL_REFUSED) unless the server's operator allows its host (--image-url-hosts), "
+    f"then fetched by the server (422 IMAGE_FETCH_FAILED when that fails)."))]
 
 
 @closed
@@ -265,16 +267,25 @@ class ErrorDetail(TypedDict):
 
 
 class ErrorBody(TypedDict):
-    """Every error answer (and, from a gateway, an item whose slice failed)."""
+    """Every error answer."""
 
     error: ErrorDetail
 
 
+class ItemError(TypedDict):
+    """An item that failed on its own, in its place: an image its model could not decode
+    (its 4xx: IMAGE_INVALID, IMAGE_TOO_LARGE), or, from a gateway, an item of a slice that
+    failed server-side (5xx). The request fails instead when no item succeeded."""
+
+    error: ErrorDetail
+    id: NotRequired[str]
+
+
 class EncodeResponse(TypedDict):
     model: str
-    items: list[EncodedItem | ErrorBody]
+    items: list[EncodedItem | ItemError]
     usage: Usage
-    errors: NotRequired[Annotated[int, schema(description="Items that failed (gateway).")]]
+    errors: NotRequired[Annotated[int, schema(description="Items that failed on their own.")]]
 
 
 class ScoredDocument(TypedDict):
@@ -310,7 +321,7 @@ class ExtractedItem(TypedDict):
 
 class ExtractResponse(TypedDict):
     model: str
-    items: list[ExtractedItem | ErrorBody]
+    items: list[ExtractedItem | ItemError]
     usage: Usage
     errors: NotRequired[int]
 

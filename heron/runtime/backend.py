@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from heron.runtime.adapters import adapter_family
 from heron.runtime.modelconfig import ModelConfig
 from heron.runtime.token_calls import DecodeRequest, TokenizeRequest
+from heron_sdk.errors import error_from_wire
 from heron_sdk.types import EncodeRequest, ExtractRequest, ScoreRequest
 
 
@@ -43,6 +44,18 @@ class Answer:
     model_id: str
     phases: Mapping[str, float]  # phase -> seconds
     total_s: float | None = None  # the backend's own total; None: measured by the front
+
+
+def settle_item_errors(body: Mapping[str, Any], call: InferenceCall) -> None:
+    """An encode or extract answer with items that failed on their own (``{"error": ...}``
+    rows, counted by ``errors``) stands when some items succeeded; otherwise, or when the
+    call is all or nothing, the request fails with the first failed item's error."""
+    errors = body.get("errors")
+    if not errors:
+        return
+    items = body["items"]
+    if call.all_or_nothing or errors >= len(items):
+        raise error_from_wire(next(row["error"] for row in items if "error" in row))
 
 
 class Provisioning(Exception):

@@ -5,7 +5,9 @@ one (heron.gateway.routes), and both answer it the same way.
 The front owns everything about HTTP: routes, content negotiation, the body limit, the one
 HeronError -> response mapping (heron.runtime.http), request ids, Server-Timing, API keys
 (heron.runtime.auth), per-request metrics through the backend's hook, the request's
-server span and summary log line, and cancelling the work when the client goes away. A
+server span and summary log line, cancelling the work when the client goes away, and
+fetching image URLs from the hosts the operator allows (heron.runtime.image_urls) before
+the backend sees the request, so every backend gets image bytes. A
 backend only computes answers (``InferenceBackend``); the API's OpenAPI description is
 declared here next to the handlers (``INFERENCE_OPERATIONS``).
 """
@@ -38,6 +40,7 @@ from heron.runtime.http import (
     server_timing,
     unless_disconnected,
 )
+from heron.runtime.image_urls import ImageFetcher
 from heron.runtime.modelconfig import split_adapter
 from heron.runtime.openai_compat import (
     embeddings_response,
@@ -116,9 +119,12 @@ class InferenceFront:
     """The HTTP handlers of the inference API over one backend."""
 
     def __init__(self, backend: InferenceBackend, max_in_flight: int | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES,
+                 image_urls: ImageFetcher | None = None) -> None:
         self.backend = backend
         self.max_body_bytes = max_body_bytes  # 413 PAYLOAD_TOO_LARGE past it
+        # Image URLs: fetched from the allowed hosts, else refused (none allowed: default).
+        self.image_urls = image_urls or ImageFetcher(max_total_bytes=max_body_bytes)
         # Inference requests in this process at once; past it, 429 before the body is read
         # (a flood is refused in well under a millisecond a request, not queued).
         self.max_in_flight = max_in_flight
@@ -192,6 +198,23 @@ class InferenceFront:
         return status, Response(wire.encode(body, wire.JSON), status_code=status,
                                 media_type=wire.JSON, headers=headers)
 
+    def _images_first(self, req: EncodeRequest | ScoreRequest, call: InferenceCall,
+                      compute: Callable[[], Awaitable[Answer]]) -> Awaitable[Answer]:
+        """``compute()``, after the request's image URLs are fetched into their items (a
+        request without any goes straight on)."""
+        if not self.image_urls.pending(req):
+            return compute()
+
+        async def fetched_then() -> Answer:
+            seconds = await self.image_urls.fetch(req, call)
+            answer = await compute()
+            answer.phases = {"image_fetch": seconds, **answer.phases}
+            if answer.total_s is not None:
+                answer.total_s += seconds
+            return answer
+
+        return fetched_then()
+
     @staticmethod
     def _call(request: Request, all_or_nothing: bool = False) -> InferenceCall:
         return InferenceCall(request.headers, all_or_nothing, received_at(request.scope))
@@ -216,7 +239,9 @@ class InferenceFront:
         def handle(body: Any) -> Awaitable[Answer]:
             req = EncodeRequest.from_wire(body)
             # model@adapter: the model's route, with the LoRA adapter in the request
-            return self.backend.encode(split_adapter(model, req.options), req, call)
+            target = split_adapter(model, req.options)
+            return self._images_first(req, call,
+                                      lambda: self.backend.encode(target, req, call))
 
         return await self._serve(request, "encode", handle)
 
@@ -226,7 +251,9 @@ class InferenceFront:
         def handle(body: Any) -> Awaitable[Answer]:
             req = ScoreRequest.from_wire(body)
             # model@adapter: the model's route, with the LoRA adapter in the request
-            return self.backend.score(split_adapter(model, req.options), req, call)
+            target = split_adapter(model, req.options)
+            return self._images_first(req, call,
+                                      lambda: self.backend.score(target, req, call))
 
         return await self._serve(request, "score", handle)
 

@@ -5,8 +5,8 @@ to their handlers."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import cache
 from typing import Any
 
@@ -21,6 +21,7 @@ from heron.runtime.backend import InferenceBackend
 from heron.runtime.cors import cors_middleware, parse_origins
 from heron.runtime.front import INFERENCE_OPERATIONS, InferenceFront
 from heron.runtime.http import EXCEPTION_HANDLERS, error_handler
+from heron.runtime.image_urls import DEFAULT_TIMEOUT_S, ImageFetcher
 from heron.runtime.openapi import ApiOperation, docs_routes, openapi_document
 from heron.runtime.rerank_api import rerank_routes
 from heron.runtime.settings import listed
@@ -50,15 +51,21 @@ def build_inference_app(backend: InferenceBackend, *, title: str,
                         max_in_flight: int | None = None,
                         max_body_bytes: int = MAX_BODY_BYTES,
                         default_model: str | None = None,
-                        cors_origins: str | None = None) -> Starlette:
+                        cors_origins: str | None = None,
+                        image_url_hosts: str | None = None,
+                        image_url_timeout_s: float = DEFAULT_TIMEOUT_S) -> Starlette:
     """The app of a server with the inference API: the front's routes, then the server's
     own (``extra_routes``, described by ``extra_operations``), /openapi.json and /docs, CORS,
     API keys from HERON_API_KEYS, and the one error mapping. ``max_in_flight``: inference
     requests at once before 429 QUEUE_FULL (None: no bound here); ``max_body_bytes``: the
     largest request body before 413; ``default_model``: the models the TEI routes use
     (comma-separated; heron.runtime.tei_api); ``cors_origins``: the origins browsers may call
-    from (comma-separated, ``*``; None: no CORS; heron.runtime.cors)."""
-    front = InferenceFront(backend, max_in_flight, max_body_bytes)
+    from (comma-separated, ``*``; None: no CORS; heron.runtime.cors); ``image_url_hosts``:
+    the hosts image URLs are fetched from, within ``image_url_timeout_s`` (comma-separated;
+    None: image URLs are refused; heron.runtime.image_urls)."""
+    fetcher = ImageFetcher(image_url_hosts, image_url_timeout_s, max_body_bytes,
+                           user_agent=f"heron/{__version__}")
+    front = InferenceFront(backend, max_in_flight, max_body_bytes, fetcher)
     routes = [*front.routes(), *rerank_routes(front),
               *tei_routes(front, listed(default_model)), *extra_routes,
               *api_docs_routes((*INFERENCE_OPERATIONS, *extra_operations), title)]
@@ -67,7 +74,7 @@ def build_inference_app(backend: InferenceBackend, *, title: str,
     # CORS outermost: a preflight is answered before API keys are asked for (a browser
     # sends none with it), and a 401 still carries the headers the page needs to read it.
     app = InferenceApp(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS),
-                       lifespan=lifespan, middleware=[*cors, *keys])
+                       lifespan=_closing(fetcher, lifespan), middleware=[*cors, *keys])
     if not keys:  # API keys are checked by middleware: then every route goes there
         app.hot_routes = {"/v1/encode/": front.encode, "/v1/score/": front.score,
                           "/v1/extract/": front.extract}
@@ -76,6 +83,23 @@ def build_inference_app(backend: InferenceBackend, *, title: str,
         # rest, every client that is not a page, still takes the short way.
         app.hot_unless_origin = bool(cors)
     return app
+
+
+def _closing(fetcher: ImageFetcher, lifespan: Lifespan | None) -> Lifespan:
+    """``lifespan``, then the image fetcher's connections closed."""
+
+    @asynccontextmanager
+    async def run(app: Starlette) -> AsyncIterator[None]:
+        try:
+            if lifespan is None:
+                yield
+            else:
+                async with lifespan(app):
+                    yield
+        finally:
+            await fetcher.aclose()
+
+    return run
 
 
 class InferenceApp(Starlette):

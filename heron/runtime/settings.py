@@ -380,6 +380,7 @@ class WorkStreamSettings(Settings):
 # ---- what every server of the inference API takes -----------------------------------------
 DEFAULT_MODEL_ENV = "HERON_DEFAULT_MODEL"
 CORS_ORIGINS_ENV = "HERON_CORS_ORIGINS"
+IMAGE_URL_HOSTS_ENV = "HERON_IMAGE_URL_HOSTS"
 
 
 def listed(text: str | None) -> tuple[str, ...]:
@@ -402,6 +403,16 @@ class InferenceServerSettings(WorkStreamSettings):
         None, "Origins browsers may call the API from, comma-separated, or * for any "
               "(credentials are never allowed); none: no CORS headers",
         env=CORS_ORIGINS_ENV)
+    image_url_hosts: str | None = setting(
+        None, "Hosts whose http(s) image URLs the server fetches, comma-separated: exact "
+              "names or IP addresses (any port), or *.example.com for the names under "
+              "example.com; redirects only to these. none: every image URL is refused (a "
+              "server that fetches URLs can be pointed at internal addresses: SSRF)",
+        env=IMAGE_URL_HOSTS_ENV)
+    image_url_timeout_s: float = setting(
+        10.0, "Longest the server spends fetching the image URLs of one request, redirects "
+              "included, before 422 IMAGE_FETCH_FAILED", env="HERON_IMAGE_URL_TIMEOUT_S",
+        above=0, maximum=300)
 
     def __post_init__(self) -> None:
         Settings.__post_init__(self)  # (slots dataclasses cannot call super() bare)
@@ -412,6 +423,13 @@ class InferenceServerSettings(WorkStreamSettings):
         except ValueError as exc:
             raise ConfigError("--cors-origins / " + CORS_ORIGINS_ENV, repr(self.cors_origins),
                               str(exc)) from None
+        from heron.runtime.image_urls import HostAllowlist
+
+        try:
+            HostAllowlist.parse(self.image_url_hosts)
+        except ValueError as exc:
+            raise ConfigError("--image-url-hosts / " + IMAGE_URL_HOSTS_ENV,
+                              repr(self.image_url_hosts), str(exc)) from None
         if self.default_model is not None and not listed(self.default_model):
             raise ConfigError("--default-model / " + DEFAULT_MODEL_ENV,
                               repr(self.default_model), "names no model")

@@ -56,3 +56,36 @@ def test_errors_print_the_code_and_exit_1(base_url: str) -> None:
     assert out.stderr.startswith("heron: MODEL_NOT_FOUND [404]"), out.stderr
     bad = heron("encode", "minilm", "x", "--dims", "0", "--url", base_url)
     assert bad.returncode == 1 and "INVALID_FIELD [422] (dims)" in bad.stderr
+
+
+def test_adapter_flag_is_model_at_adapter(base_url: str) -> None:
+    """`--adapter NAME` computes with the model's LoRA adapter (tiny-lora's "legal",
+    tests/conftest.py): the answer equals MODEL@NAME's and differs from the base model's,
+    for encode and score; extract sends it too."""
+    def dense(*args: str) -> np.ndarray:
+        out = heron("encode", *args, "--url", base_url)
+        assert out.returncode == 0, out.stderr
+        return np.array([i["dense"] for i in json.loads(out.stdout)["items"]])
+
+    texts = ("a contract between two parties", "the court found for the plaintiff")
+    flagged = dense("tiny-lora", *texts, "--adapter", "legal")
+    np.testing.assert_allclose(flagged, dense("tiny-lora@legal", *texts), atol=1e-6)
+    assert not np.allclose(flagged, dense("tiny-lora", *texts), atol=1e-3)
+
+    def scores(*args: str) -> list[float]:
+        out = heron("score", *args, "--url", base_url)
+        assert out.returncode == 0, out.stderr
+        return [r["score"] for r in sorted(json.loads(out.stdout)["results"],
+                                           key=lambda r: r["index"])]
+
+    query = ("who won the case?", *texts)
+    flagged_scores = scores("tiny-lora", *query, "--adapter", "legal")
+    np.testing.assert_allclose(flagged_scores, scores("tiny-lora@legal", *query), atol=1e-6)
+    assert not np.allclose(flagged_scores, scores("tiny-lora", *query), atol=1e-4)
+
+    missing = heron("extract", "tiny-ner", "Ada Lovelace lived in London.", "--adapter",
+                    "legal", "--url", base_url)
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("heron: ADAPTER_NOT_FOUND [404] (adapter)"), missing.stderr
+    both = heron("encode", "tiny-lora@legal", "x", "--adapter", "other", "--url", base_url)
+    assert both.returncode == 1 and "INVALID_FIELD [422]" in both.stderr, both.stderr

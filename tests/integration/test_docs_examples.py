@@ -1,6 +1,6 @@
 """The documentation's HTTP examples run against a live server.
 
-docs/api.md holds request examples as fenced blocks::
+docs/api.md and docs/models.md hold request examples as fenced blocks::
 
     ```http
     POST /v1/encode/minilm
@@ -10,7 +10,9 @@ docs/api.md holds request examples as fenced blocks::
 
 (request line, optional JSON body over one or more lines, then the documented status),
 each followed by the documented response: a ```json block (or ```text for /metrics). Every
-example is sent to the session's server. The test checks the status, and it checks that the
+example is sent to the session's server, whose bundle has a stand-in for each family the
+examples show: a tiny CLIP for the image examples, a tiny GLiNER, and a tiny dense model
+with a LoRA adapter (tests/conftest.py). The test checks the status, and it checks that the
 response has the documented shape:
 
 - objects have the same keys, recursively;
@@ -21,8 +23,9 @@ response has the documented shape:
 - for error bodies, ``code`` and ``field`` must match exactly.
 
 Public model names that the test bundle lacks are mapped to its tiny stand-ins
-(``DOC_MODEL_ALIASES``). The README's ``curl`` lines are sent the same way and must answer
-200. The error-code table must equal ``heron_sdk.errors.STATUS_BY_CODE``.
+(``DOC_MODEL_ALIASES``; in ``model@adapter`` the model part is mapped). The README's
+``curl`` lines are sent the same way and must answer 200. The error-code table must equal
+``heron_sdk.errors.STATUS_BY_CODE``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from heron_sdk.errors import STATUS_BY_CODE
 from tests.support.servers import REPO
 
 API_MD = REPO / "docs" / "api.md"
+MODELS_MD = REPO / "docs" / "models.md"
 README = REPO / "README.md"
 
 # Names the docs use -> aliases the test bundle serves (tests/conftest.py).
@@ -49,6 +53,8 @@ DOC_MODEL_ALIASES = {
     "dslim/bert-base-NER": "tiny-ner",
     "my-org/gliner-small": "tiny-gliner",
     "minilm-tokens": "tiny-multi-vector",
+    "openai/clip-vit-base-patch32": "tiny-clip",
+    "local/minilm-loras": "tiny-lora",
 }
 
 _FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
@@ -58,6 +64,7 @@ _MODEL_ROUTE = re.compile(r"^(/v1/(?:encode|score|extract|models)/)(.+)$")
 
 @dataclass
 class Example:
+    doc: str
     line: int
     method: str
     path: str
@@ -68,7 +75,7 @@ class Example:
 
     @property
     def id(self) -> str:
-        return f"api.md:{self.line} {self.method} {self.path} -> {self.status}"
+        return f"{self.doc}:{self.line} {self.method} {self.path} -> {self.status}"
 
 
 def _blocks(text: str) -> list[tuple[int, str, str]]:
@@ -82,25 +89,29 @@ def parse_api_examples(path: Path = API_MD) -> list[Example]:
     for index, (line, lang, content) in enumerate(blocks):
         if lang != "http":
             continue
+        where = f"{path.name}:{line}"
         lines = [x for x in content.splitlines() if x.strip()]
         method, target = lines[0].split()
         status_lines = [x for x in lines[1:] if _STATUS.match(x)]
-        assert len(status_lines) == 1, f"api.md:{line}: needs exactly one '# -> STATUS' line"
-        assert lines[-1] == status_lines[0], f"api.md:{line}: '# -> STATUS' must come last"
+        assert len(status_lines) == 1, f"{where}: needs exactly one '# -> STATUS' line"
+        assert lines[-1] == status_lines[0], f"{where}: '# -> STATUS' must come last"
         body_text = "\n".join(lines[1:-1])
         body = json.loads(body_text) if body_text else None
-        assert index + 1 < len(blocks), f"api.md:{line}: no response block after it"
+        assert index + 1 < len(blocks), f"{where}: no response block after it"
         _, response_lang, response = blocks[index + 1]
         assert response_lang in ("json", "text"), (
-            f"api.md:{line}: the block after an http example must be json or text")
-        examples.append(Example(line, method, target, body,
+            f"{where}: the block after an http example must be json or text")
+        examples.append(Example(path.name, line, method, target, body,
                                 int(_STATUS.match(lines[-1]).group(1)), response_lang,
                                 response))
     return examples
 
 
 def _to_test_model(name: str) -> str:
-    return DOC_MODEL_ALIASES.get(name, name)
+    model, at, adapter = name.rpartition("@")
+    if not at:
+        return DOC_MODEL_ALIASES.get(name, name)
+    return f"{DOC_MODEL_ALIASES.get(model, model)}@{adapter}"
 
 
 def _request(example: Example) -> tuple[str, Any]:
@@ -150,6 +161,7 @@ def assert_same_shape(documented: Any, actual: Any, where: str = "$",
 
 
 API_EXAMPLES = parse_api_examples()
+MODELS_EXAMPLES = parse_api_examples(MODELS_MD)
 
 
 def test_api_md_has_examples() -> None:
@@ -163,7 +175,30 @@ def test_api_md_has_examples() -> None:
     assert {200, 404, 422} <= statuses
 
 
-@pytest.mark.parametrize("example", API_EXAMPLES, ids=lambda e: e.id)
+def _has_image(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "image" in value or any(_has_image(v) for v in value.values())
+    return isinstance(value, list) and any(_has_image(v) for v in value)
+
+
+def test_image_gliner_and_lora_examples_run_on_their_own_families() -> None:
+    """Each family's examples reach a model of that family (not an error path alone)."""
+    ok = [_request(e) for e in API_EXAMPLES + MODELS_EXAMPLES if e.status == 200]
+    image = [path for path, body in ok if _has_image(body)]
+    assert "/v1/encode/tiny-clip" in image and "/v1/score/tiny-clip" in image
+    assert "/v1/extract/tiny-gliner" in [path for path, _ in ok]
+    assert any(isinstance(body, dict) and body.get("adapter") for _, body in ok)
+    assert "/v1/encode/tiny-lora@legal" in [path for path, _ in ok]
+    # models.md shows requests only as http examples (run here): no curl line or JSON
+    # request body outside them, indented blocks included
+    outside = _FENCE.sub(lambda m: "" if m.group(1) == "http" else m.group(0),
+                         MODELS_MD.read_text())
+    assert not re.search(r"^\s*curl .*/v1/(encode|score|extract)", outside, re.MULTILINE)
+    assert not re.search(r'^\s*\{\s*"(items|query)"', outside, re.MULTILINE), (
+        "models.md: a request body outside an http example; write it as one")
+
+
+@pytest.mark.parametrize("example", API_EXAMPLES + MODELS_EXAMPLES, ids=lambda e: e.id)
 def test_api_example(example: Example, http: httpx.Client) -> None:
     path, body = _request(example)
     response = http.request(example.method, path,

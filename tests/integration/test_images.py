@@ -1,6 +1,7 @@
 """Image items end to end: `heron serve` on loopback with tiny CLIP and SigLIP checkpoints
-(JSON, msgpack, the SDK with PIL images), bad images refused item by item with a code, and
-one request through the cluster path (gateway -> NATS -> worker).
+(JSON, msgpack, the SDK with PIL images), a bad image refused in its item's place with a
+code while its neighbours are answered, and requests through the cluster path (gateway ->
+NATS -> worker), alone and sharing work items.
 
 Vectors are compared with transformers' own (tests/parity/test_clip.py holds the wider
 comparison over formats, sizes and modes).
@@ -14,6 +15,7 @@ import json
 import time
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -22,7 +24,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from heron_sdk import Client, wire
+from heron_sdk import Client, RequestError, wire
+from heron_sdk.errors import STATUS_BY_CODE
 from heron_sdk.images import MAX_IMAGE_BYTES, MAX_IMAGES_PER_REQUEST
 from tests.integration.test_cli_client import heron
 from tests.parity.test_clip import cosines, reference
@@ -158,23 +161,59 @@ BAD_IMAGES = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_IMAGES))
-def test_a_bad_image_is_refused_naming_its_item(http: httpx.Client, case: str) -> None:
+def test_a_bad_image_fails_only_its_item(http: httpx.Client, case: str) -> None:
     data, status, code = BAD_IMAGES[case]
-    good = b64(image_bytes(32, 32, "PNG", 7))
-    r = http.post(CLIP, json={"items": ["fine", {"image": good}, {"image": b64(data)}]})
-    assert r.status_code == status, r.text
-    error = r.json()["error"]
+    good = {"image": b64(image_bytes(32, 32, "PNG", 7))}
+    r = http.post(CLIP, json={"items": ["fine", good, {"image": b64(data)}, {"text": "also",
+                                                                            "id": 7}]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["errors"] == 1
+    error = body["items"][2]["error"]
     assert (error["code"], error["field"]) == (code, "items[2].image")
+    assert STATUS_BY_CODE[error["code"]] == status
+    alone = http.post(CLIP, json={"items": ["fine", good, {"text": "also", "id": 7}]}).json()
+    rows = [body["items"][n] for n in (0, 1, 3)]
+    np.testing.assert_allclose(dense({"items": rows}), dense(alone), atol=1e-6)
+    assert rows[2]["id"] == "7" and body["usage"] == alone["usage"]
+    # With no item left to answer, the request fails with the item's error.
+    r = http.post(CLIP, json={"items": [{"image": b64(data)}]})
+    assert r.status_code == status, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["field"]) == (code, "items[0].image")
+
+
+def test_sdk_reports_a_bad_image_on_its_item(serve: ServerProcess) -> None:
+    png = image_bytes(24, 24, "PNG", 3)
+    with Client(serve.url) as client:
+        result = client.encode("tiny-clip", [Image.open(io.BytesIO(png)), b"not an image",
+                                             "text"])
+        assert [n for n, _ in result.errors] == [1]
+        error = result.items[1].error
+        assert isinstance(error, RequestError)
+        assert (error.code, error.status) == ("IMAGE_INVALID", 422)
+        assert result.items[0].dense is not None and result.items[2].dense is not None
+        with pytest.raises(RequestError, match="1 of 3 items failed"):
+            _ = result.dense
 
 
 def test_decompression_bomb_is_refused_from_its_header(http: httpx.Client) -> None:
     bomb = bomb_png()
     assert len(bomb) < 8_000
-    r = http.post(CLIP, content=wire.encode({"items": [{"image": bomb}]}, wire.MSGPACK),
-                  headers={"content-type": wire.MSGPACK, "accept": wire.JSON})
-    assert r.status_code == 413, r.text
-    assert r.json()["error"]["code"] == "IMAGE_TOO_LARGE"
-    assert "pixels" in r.json()["error"]["message"]
+    for items, status in (([{"image": bomb}], 413), (["next to it", {"image": bomb}], 200)):
+        r = http.post(CLIP, content=wire.encode({"items": items}, wire.MSGPACK),
+                      headers={"content-type": wire.MSGPACK, "accept": wire.JSON})
+        assert r.status_code == status, r.text
+        error = r.json()["error"] if status == 413 else r.json()["items"][1]["error"]
+        assert error["code"] == "IMAGE_TOO_LARGE"
+        assert "pixels" in error["message"]
+
+
+def test_score_with_a_bad_image_fails_whole(http: httpx.Client) -> None:
+    """A ranking with a hole in it would be a wrong answer: score refuses the request."""
+    r = http.post("/v1/score/tiny-clip", json={"query": "a cat", "items": [
+        {"image": b64(image_bytes(16, 16, "PNG", 1))}, {"image": b64(b"broken")}]})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["field"] == "items[1].image"
 
 
 @pytest.mark.parametrize(("body", "status", "code", "field"), [
@@ -227,8 +266,25 @@ def test_one_request_through_the_cluster(vision: tuple[dict[str, Path], Path],
             assert r.status_code == 200, r.text
             np.testing.assert_allclose(dense(r.json()), want, atol=1e-5)
             bad = client.post(CLIP, json={"items": [TEXTS[0], {"image": b64(b"nope")}]})
-            assert bad.status_code == 422
-            assert bad.json()["error"]["field"] == "items[1].image"
+            assert bad.status_code == 200, bad.text
+            assert bad.json()["items"][1]["error"]["field"] == "items[1].image"
+            np.testing.assert_allclose(dense({"items": bad.json()["items"][:1]}), want[1:],
+                                       atol=1e-5)
+            alone = client.post(CLIP, json={"items": [{"image": b64(b"nope")}]})
+            assert alone.status_code == 422, alone.text
+            assert alone.json()["error"]["field"] == "items[0].image"
+            # Requests sent together share work items: each keeps its own items' errors.
+            bodies = [{"items": [TEXTS[n % 2], {"image": b64(b"nope" if n % 3 else png)}]}
+                      for n in range(12)]
+            with ThreadPoolExecutor(12) as pool:
+                answers = list(pool.map(lambda b: client.post(CLIP, json=b), bodies))
+            for n, answer in enumerate(answers):
+                assert answer.status_code == 200, answer.text
+                rows = answer.json()["items"]
+                assert ("error" in rows[1]) == bool(n % 3), rows
+                if n % 3:
+                    assert rows[1]["error"]["field"] == "items[1].image"
+                    assert answer.json()["errors"] == 1
     finally:
         gateway.stop()
         worker.stop()

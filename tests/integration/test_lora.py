@@ -389,22 +389,14 @@ def test_a_hub_adapter_comes_through_the_models_weight_tiers(
     import subprocess
     import sys
 
-    import boto3
-
     from tests.support.config_procs import MotoS3
     from tests.support.fake_hub import FakeHub
     from tests.support.servers import REPO
 
     moto = MotoS3(tmp_path)
     hub = FakeHub({"org/alpha-lora": lora_models["alpha"]}).start()
-    env = {"AWS_ENDPOINT_URL": moto.url, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_MAX_ATTEMPTS": "1", "HERON_WEIGHTS_S3": "s3://lora-cache/w",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     try:
-        boto3.client("s3", endpoint_url=moto.url, aws_access_key_id="testing",
-                     aws_secret_access_key="testing", region_name="us-east-1"
-                     ).create_bucket(Bucket="lora-cache")
+        env = moto.weights_env("lora-cache")
 
         def resolve(cache: Path, **extra: str) -> dict:
             clean = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE",)}

@@ -1,8 +1,9 @@
 """docs/sdk.md and the README's Python run against live servers.
 
 Every ```python block of docs/sdk.md runs, in order, in one namespace (later blocks use
-the ``client`` of the first), against the session's `heron serve`. Blocks that lease a
-pool run against the session's cluster gateway, with a worker for the pool. The README's
+the ``client`` of the first), against the session's `heron serve`, in a folder holding the
+image files the image example opens. Blocks that lease a pool run against the session's
+cluster gateway, with a worker for the pool. The README's
 python blocks run too, and the ```bash block of `heron ...` lines runs each command.
 Public model names map to the test bundle's stand-ins, as for docs/api.md.
 """
@@ -25,6 +26,7 @@ from tests.integration.test_docs_examples import DOC_MODEL_ALIASES
 from tests.support.gateway_harness import FakeWorker
 from tests.support.nats_server import NatsServer
 from tests.support.servers import REPO
+from tests.support.tiny_vision import image_bytes
 
 SDK_MD = REPO / "docs" / "sdk.md"
 DOC_URL = "http://127.0.0.1:8080"
@@ -49,8 +51,12 @@ def run_python(code: str, namespace: dict) -> str:
     return out.getvalue()
 
 
-def test_sdk_md_python_blocks_run(base_url: str, cluster_url: str,
-                                  nats_server: NatsServer) -> None:
+def test_sdk_md_python_blocks_run(base_url: str, cluster_url: str, nats_server: NatsServer,
+                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The image examples open cat.jpg and dog.png (the tiny CLIP takes any size)
+    (tmp_path / "cat.jpg").write_bytes(image_bytes(40, 30, "JPEG", seed=1))
+    (tmp_path / "dog.png").write_bytes(image_bytes(24, 36, "PNG", seed=2))
+    monkeypatch.chdir(tmp_path)
     code_blocks = blocks(SDK_MD, "python")
     assert len(code_blocks) >= 8
     namespace: dict = {"gateway_url": cluster_url}
@@ -71,6 +77,7 @@ def test_sdk_md_python_blocks_run(base_url: str, cluster_url: str,
     assert "sentence-transformers/all-MiniLM-L6-v2" in text and "(2, 384)" in text
     assert "404 MODEL_NOT_FOUND" in text and "422 INVALID_FIELD dims" in text
     assert "team-a lease" in text and "[]" in text
+    assert "(3, 16)" in text  # the image example: three items of the tiny CLIP's 16 dims
     namespace["client"].close()
 
 
@@ -82,7 +89,7 @@ def test_readme_python_blocks_run(base_url: str) -> None:
 def test_sdk_md_cli_lines_run(base_url: str) -> None:
     lines = [line for block in blocks(SDK_MD, "bash") for line in block.splitlines()
              if line.startswith("heron ")]
-    assert len(lines) == 4
+    assert len(lines) == 5
     for line in lines:
         args = shlex.split(for_tests(line, base_url))[1:]
         args = [DOC_MODEL_ALIASES.get(a, a) for a in args]

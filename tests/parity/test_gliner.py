@@ -6,6 +6,12 @@ under 5 label sets and thresholds. One ``heron serve`` loads that directory from
 with only its id and path (the family is detected), and answers the same texts: the five
 label sets arrive as concurrent requests, so their rows share padded batches. Then the
 request errors: bad labels are 422s naming the field, and never hurt requests beside them.
+
+gliner's save_pretrained writes ``pytorch_model.bin`` (what most GLiNER repositories on the
+Hub ship); the script saves the same model with safetensors too. Both give the same spans,
+from a local path and through the weight tiers (the Hub, on a loopback stand-in, then the S3
+cluster cache on moto's S3 server), which fetch the ``.bin`` only where a repository has no
+safetensors.
 """
 
 from __future__ import annotations
@@ -123,34 +129,134 @@ def test_fifty_labels_and_no_truncation(server: ServerProcess) -> None:
     assert too_long.json()["error"]["code"] == "INPUT_TOO_LONG"
 
 
-def test_one_forward_pass_mixes_label_sets(expected: tuple[Path, list[dict[str, Any]]]) -> None:
-    """All 150 (text, labels, threshold) rows, shuffled, in one padded batch: rows with
-    different label sets and thresholds give what each gives alone."""
-    import random
-
+def extract_in_process(config: dict[str, Any], cases: list[dict[str, Any]],
+                       order: list[int]) -> list[list[Any]]:
+    """Resolve ``config``'s weights through the tiers, load the adapter it detects, and
+    answer ``cases`` (in ``order``) in one padded batch; the answers in ``order``."""
     import torch
 
     from heron.runtime.checkpoint import detect_family, read_checkpoint
     from heron.runtime.modelconfig import parse_model_config
     from heron.worker.adapters import adapter_class
+    from heron.worker.weights import resolve_weights
 
-    path, cases = expected
+    parsed = parse_model_config(config)
+    path = resolve_weights(parsed)
     checkpoint = read_checkpoint(path)
-    config = parse_model_config({"id": MODEL, "source": {"path": str(path)}})
-    adapter = adapter_class(detect_family(checkpoint))(config, config.profile, checkpoint)
+    adapter = adapter_class(detect_family(checkpoint))(parsed, parsed.profile, checkpoint)
     adapter.load(path, torch.device("cpu"), torch.float32)
-    order = list(range(len(cases)))
-    random.Random(3).shuffle(order)
     inputs = [adapter.extract_inputs([cases[i]["text"]], cases[i]["labels"],
                                      cases[i]["threshold"])[0] for i in order]
     with torch.inference_mode():
         batch = adapter.collate(adapter.tokenize(inputs))
-        answers = adapter.postprocess(batch, adapter.forward(batch))
+        return adapter.postprocess(batch, adapter.forward(batch))
+
+
+def assert_answers(answers: list[list[Any]], cases: list[dict[str, Any]],
+                   order: list[int]) -> None:
     for i, got in zip(order, answers, strict=True):
         want = cases[i]["entities"]
         assert [(e.label, e.start, e.end) for e in got] == [
             (e["label"], e["start"], e["end"]) for e in want], cases[i]["text"][:50]
         assert all(abs(g.score - w["score"]) <= 1e-4 for g, w in zip(got, want, strict=True))
+
+
+def test_one_forward_pass_mixes_label_sets(expected: tuple[Path, list[dict[str, Any]]]) -> None:
+    """All 150 (text, labels, threshold) rows, shuffled, in one padded batch: rows with
+    different label sets and thresholds give what each gives alone."""
+    import random
+
+    path, cases = expected
+    order = list(range(len(cases)))
+    random.Random(3).shuffle(order)
+    answers = extract_in_process({"id": MODEL, "source": {"path": str(path)}}, cases, order)
+    assert_answers(answers, cases, order)
+
+
+def test_pytorch_model_bin_and_safetensors_give_the_same_spans(
+        expected: tuple[Path, list[dict[str, Any]]]) -> None:
+    """The local-path tier: the checkpoint as gliner saves it by default (pytorch_model.bin,
+    read with torch.load(weights_only=True)) and as safetensors answer alike."""
+    path, cases = expected
+    safetensors = path.parent / "model_safetensors"
+    assert sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".safetensors")) == [
+        "pytorch_model.bin"]
+    assert (safetensors / "model.safetensors").is_file()
+    assert not (safetensors / "pytorch_model.bin").exists()
+    order = list(range(len(cases)))
+    from_bin = extract_in_process({"id": MODEL, "source": {"path": str(path)}}, cases, order)
+    from_safetensors = extract_in_process(
+        {"id": f"{MODEL}-st", "source": {"path": str(safetensors)}}, cases, order)
+    assert_answers(from_bin, cases, order)
+    assert sum(map(len, from_bin)) > 100
+    assert from_bin == from_safetensors  # the same weights: the same spans and scores
+
+
+HUB_RESOLVE = """
+import json, sys
+from heron.runtime.modelconfig import parse_model_config
+from heron.worker.weights import resolve_weights, wait_for_uploads
+path = resolve_weights(parse_model_config(json.loads(sys.argv[1])))
+assert wait_for_uploads(60)
+print(json.dumps({"path": str(path)}))
+"""
+
+
+def test_a_bin_only_hub_repository_through_the_hub_and_s3_tiers(
+        expected: tuple[Path, list[dict[str, Any]]], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Hub repository with gliner_config.json and pytorch_model.bin only (as
+    urchade/gliner_small-v2.1), and a training_args.bin that must stay behind: a worker
+    downloads it from the Hub (a loopback stand-in) and uploads it to the S3 cluster cache
+    (moto's S3 server); a second worker, with an empty cache and the Hub offline, reads it
+    from S3 and answers as gliner does."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.support.config_procs import MotoS3
+    from tests.support.fake_hub import FakeHub
+    from tests.support.servers import REPO
+
+    path, cases = expected
+    repo_dir = tmp_path / "repo"
+    shutil.copytree(path, repo_dir)
+    (repo_dir / "training_args.bin").write_bytes(b"a pickle that is never downloaded")
+    (repo_dir / "README.md").write_text("# gliner")
+    config = {"id": "org/gliner-bin", "source": {"hub": "org/gliner-bin"}}
+    moto = MotoS3(tmp_path)
+    hub = FakeHub({"org/gliner-bin": repo_dir}).start()
+    try:
+        env = moto.weights_env("gliner-cache")
+        # A process of its own: huggingface-hub reads HF_HUB_OFFLINE at import, and this
+        # one imported it offline.
+        clean = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+        done = subprocess.run(
+            [sys.executable, "-c", HUB_RESOLVE, json.dumps(config)], cwd=REPO, text=True,
+            capture_output=True, timeout=120,
+            env={**clean, **env, "HERON_CACHE_DIR": str(tmp_path / "c1"),
+                 "HF_ENDPOINT": hub.url})
+        assert done.returncode == 0, done.stderr
+        first = Path(json.loads(done.stdout.splitlines()[-1])["path"])
+        want = ["gliner_config.json", "pytorch_model.bin", "tokenizer.json",
+                "tokenizer_config.json"]
+        assert sorted(p.name for p in first.iterdir() if not p.name.startswith(".")) == want
+        assert not any("training_args" in r for r in hub.requests)
+        asked = len(hub.requests)
+
+        for name, value in {**env, "HERON_CACHE_DIR": str(tmp_path / "c2"),
+                            "HF_HUB_OFFLINE": "1"}.items():
+            monkeypatch.setenv(name, value)
+        order = list(range(len(cases)))
+        answers = extract_in_process(config, cases, order)  # from S3 alone
+        second = tmp_path / "c2" / "org--gliner-bin" / "main"
+        assert sorted(p.name for p in second.iterdir() if not p.name.startswith(".")) == want
+        assert_answers(answers, cases, order)
+        assert len(hub.requests) == asked
+    finally:
+        hub.stop()
+        moto.stop()
 
 
 def test_through_the_gateway_and_a_worker(cluster_url: str) -> None:

@@ -219,6 +219,19 @@ class MotoS3:
                 time.sleep(0.1)
         raise TimeoutError(self.log_path.read_text())
 
+    def weights_env(self, bucket: str, prefix: str = "w") -> dict[str, str]:
+        """The environment of a process whose weight cache's S3 tier is ``bucket`` here
+        (created, empty if new): moto's credentials, one attempt a call."""
+        import boto3  # only the S3 tests pay for its import
+
+        boto3.client("s3", endpoint_url=self.url, aws_access_key_id="testing",
+                     aws_secret_access_key="testing", region_name="us-east-1"
+                     ).create_bucket(Bucket=bucket)
+        return {"AWS_ENDPOINT_URL": self.url, "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_MAX_ATTEMPTS": "1", "HERON_WEIGHTS_S3": f"s3://{bucket}/{prefix}",
+                "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()

@@ -154,3 +154,18 @@ def test_an_error_of_the_whole_work_item_is_every_members() -> None:
     short = {"model": "m", "items": _rows(2), "usage": {"tokens": 3}}
     split = split_result(group, WorkResult("req-m0", 0, 3, short, None, None), everyone)
     assert [p.error["code"] for _, p in split.results] == ["INTERNAL", "INTERNAL"]
+
+
+def test_an_items_own_error_stays_with_its_member_counted_in_its_items() -> None:
+    group = _group([2, 2])
+    rows = _rows(4)
+    rows[3] = {"error": {"code": "IMAGE_INVALID", "field": "items[3].image",
+                         "message": "items[3].image: not an image"}, "id": "x"}
+    body = {"model": "m", "items": rows, "usage": {"tokens": 6}}
+    split = split_result(group, WorkResult("req-m0", 0, 4, body, None, None), everyone)
+    first, second = (part.body for _, part in split.results)
+    assert "errors" not in first and first["items"] == _rows(2)
+    assert second["errors"] == 1 and second["items"][0] == _rows(4)[2]
+    assert second["items"][1] == {"id": "x", "error": {
+        "code": "IMAGE_INVALID", "field": "items[1].image",
+        "message": "items[1].image: not an image"}}

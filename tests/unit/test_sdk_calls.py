@@ -20,7 +20,7 @@ from heron_sdk.errors import (
     RequestError,
     ServerError,
 )
-from heron_sdk.results import merge_bodies
+from heron_sdk.results import EncodeResult, merge_bodies
 from heron_sdk.types import Item
 
 CALL = HttpCall("POST", "/v1/encode/minilm", {"items": ["x"]})
@@ -160,3 +160,18 @@ def test_split_scores_are_ranked_again_as_one() -> None:
     assert [(r["index"], r["rank"]) for r in merged["results"]] == [(1, 1), (3, 2), (2, 3)]
     assert merged["usage"]["tokens"] == 10
 
+
+
+def test_joined_chunks_name_a_failed_item_by_its_place_in_the_call() -> None:
+    bad = {"error": {"code": "IMAGE_INVALID", "field": "items[1].image",
+                     "message": "items[1].image: not an image"}}
+    chunks = [EncodeResult.from_body({"model": "m", "items": [{"dense": [1.0]}] * 3,
+                                      "usage": {"tokens": 3}}),
+              EncodeResult.from_body({"model": "m", "items": [{"dense": [2.0]}, bad],
+                                      "usage": {"tokens": 1}, "errors": 1})]
+    joined = EncodeResult.joined(chunks)
+    [(index, error)] = joined.errors
+    assert (index, error.field, error.status) == (4, "items[4].image", 422)
+    assert error.message.startswith("items[4].image:")
+    with pytest.raises(RequestError, match="1 of 5 items failed; item 4"):
+        _ = joined.dense

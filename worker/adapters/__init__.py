@@ -6,7 +6,14 @@ from __future__ import annotations
 import importlib
 
 from heron.runtime.adapters import adapter_family
-from heron.worker.adapters.base import Adapter, Batch, TextInput, TokenIds, Tokenized
+from heron.worker.adapters.base import (
+    Adapter,
+    Batch,
+    RefusedItem,
+    TextInput,
+    TokenIds,
+    Tokenized,
+)
 
 
 def adapter_class(name: str) -> type[Adapter]:
@@ -20,4 +27,5 @@ def adapter_class(name: str) -> type[Adapter]:
     return cls
 
 
-__all__ = ["Adapter", "Batch", "TextInput", "TokenIds", "Tokenized", "adapter_class"]
+__all__ = ["Adapter", "Batch", "RefusedItem", "TextInput", "TokenIds", "Tokenized",
+           "adapter_class"]

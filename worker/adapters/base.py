@@ -23,6 +23,7 @@ from heron.runtime.modelconfig import ModelConfig, Profile
 from heron.worker.adapters import packing
 from heron.worker.adapters.packing import Packing
 from heron.worker.adapters.special_tokens import special_tokens_around
+from heron_sdk.errors import HeronError
 
 # Model types whose position ids are offset by padding_idx + 1 (transformers'
 # create_position_ids_from_input_ids).
@@ -62,6 +63,14 @@ class Tokenized:
     @property
     def length(self) -> int:
         return len(self.input_ids)
+
+
+@dataclass(slots=True)
+class RefusedItem(Tokenized):
+    """An item its model could not take (a corrupt image): its 4xx, and no cost. Encode
+    answers it as the item's error and computes its neighbours."""
+
+    error: HeronError | None = None
 
 
 @dataclass(slots=True)

@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from transformers import AutoModel
 
 from heron.runtime.checkpoint import CheckpointError
-from heron.worker.adapters.base import Adapter, TextInput, Tokenized, to_numpy
+from heron.worker.adapters.base import Adapter, RefusedItem, TextInput, Tokenized, to_numpy
 from heron.worker.images import ImageInput, ImageSpec, load_pixels, normalize
+from heron_sdk.errors import HeronError
 
 # model_type of the checkpoint -> whether it is SigLIP-shaped (no class token, texts padded
 # to max_length without a mask, square resize without a crop).
@@ -126,9 +127,14 @@ class ClipAdapter(Adapter):
         # images of other requests in parallel (Pillow releases the GIL while decoding).
         for n in images:
             item: ImageInput = inputs[n]
+            try:
+                pixels = load_pixels(item, self.spec)
+            except HeronError as exc:  # this item's 4xx; its neighbours are computed
+                out[n] = RefusedItem(input_ids=[], token_type_ids=None, truncated=False,
+                                     query=query, error=exc)
+                continue
             out[n] = ImageTokens(input_ids=[], token_type_ids=None, truncated=False,
-                                 query=query, pixels=load_pixels(item, self.spec),
-                                 patches=self.patches)
+                                 query=query, pixels=pixels, patches=self.patches)
         texts = [n for n, x in enumerate(inputs) if not isinstance(x, ImageInput)]
         if texts:
             for n, t in zip(texts, super().tokenize([inputs[n] for n in texts], query, prompt),

@@ -7,6 +7,10 @@ vocabulary file, GLiNER's own layers are random too (GLiNER.from_config). The mo
 with gliner's save_pretrained, loaded back with from_pretrained, and predict_entities' answers
 for ``texts()`` under each label set and threshold go to ``<OUT>/gliner_span/expected.json``
 (``expected.npz`` holds the entity count, for the parity suite's layout check).
+
+gliner's save_pretrained writes ``pytorch_model.bin`` by default (``model/``, what most GLiNER
+repositories on the Hub ship); the same model saved with ``safe_serialization=True`` goes to
+``model_safetensors/`` (``model.safetensors``, tied tensors saved once).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ def main(out: Path) -> None:
     with torch.no_grad():  # random label vectors give scores near 0.5: spread them out
         built.model.prompt_rep_layer[3].weight.mul_(40.0)
     built.save_pretrained(str(case / "model"))
+    built.save_pretrained(str(case / "model_safetensors"), safe_serialization=True)
     model = GLiNER.from_pretrained(str(case / "model"), local_files_only=True)
     model.eval()
     cases = []
