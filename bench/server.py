@@ -122,14 +122,17 @@ class Server:
 
 @contextlib.contextmanager
 def start_server(log_path: Path, *, bundle: str = "default", threads: int = 0,
-                 workers: str = "auto", ready_timeout_s: float = 300.0) -> Iterator[Server]:
+                 workers: str = "auto", ready_timeout_s: float = 300.0,
+                 extra_args: tuple[str, ...] = ()) -> Iterator[Server]:
     """``heron serve`` on a free 127.0.0.1 port, ready (warm) on entry, stopped on exit.
-    ``workers``: its ``--workers`` (auto, as shipped: one process per CPU up to 4)."""
+    ``workers``: its ``--workers`` (auto, as shipped: one process per CPU up to 4);
+    ``extra_args``: more flags of ``heron serve``."""
     port = free_port()
     cmd = [*heron_command(), "serve", "--host", HOST, "--port", str(port), "--bundle", bundle,
            "--log-level", "warning", "--workers", str(workers)]
     if threads:
         cmd += ["--threads", str(threads)]
+    cmd += extra_args
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,

@@ -270,7 +270,10 @@ class Dispatcher:
     # ---- coalescing (gateway/coalescing.py decides; these do the I/O) --------------------
     def _coalescable(self, work: WorkRequest, remaining: float) -> bool:
         settings = self.settings
+        # Chunking: an item is many rows already, and the worker bounds the chunks of what
+        # it computes as one request: members that each fit could not fit together.
         return (work.task in COALESCED_TASKS and settings.coalesce_max_items > 1
+                and "chunking" not in work.wire_body
                 and 2 * len(work.items) <= settings.coalesce_max_items
                 and remaining > COALESCE_MIN_DEADLINE_WINDOWS * settings.coalesce_max_wait_s)
 

@@ -22,6 +22,7 @@ from heron.runtime.modelconfig import (
     ModelConfig,
     load_bundle,
 )
+from heron_sdk.chunking import check_chunking
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.types import EncodeRequest, check_outputs
 
@@ -170,10 +171,12 @@ class RouteTable:
 
 
 def check_encode_outputs(route: ModelRoute, req: EncodeRequest) -> None:
-    """The worker's adapter-only output checks, here too (heron_sdk.types.check_outputs). Checks
+    """The worker's adapter-only output checks, here too (heron_sdk.types.check_outputs), and
+    what chunking needs of the request (heron_sdk.chunking.check_chunking). Checks
     needing the weights (``dims`` over the hidden size, ``truncate: false`` on a too-long
     text) stay with the worker."""
     check_outputs(route.model_id, route.output_types, req)
+    check_chunking(req.chunking, req.items, req.output_types)  # its limit is the worker's
 
 
 def describe(route: ModelRoute, state: str) -> dict[str, Any]:

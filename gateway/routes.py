@@ -6,6 +6,9 @@ NATS); the backend resolves model -> bundle -> pool (or the pool named by X-Hero
 gateway/pools.py, which also serves /v1/pools), answers 503 when NATS is away, 202 when the
 pool has no healthy worker (and publishes demand), otherwise publishes the work items and
 reassembles the results.
+
+Bulk jobs (``/v1/jobs``: gateway/jobs.py) run on the same path: their shards are encode
+requests made from inside (``encode_rows``), at a low priority (gateway/job_runner.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from heron.gateway.configs import ConfigServiceSource, GatewayConfigSync, model_
 from heron.gateway.demand import DemandTracker
 from heron.gateway.dispatcher import Dispatcher, WorkRequest
 from heron.gateway.health import WorkerHealth
+from heron.gateway.jobs import GatewayJobs
 from heron.gateway.metrics import GatewayMetrics, gateway_phases
 from heron.gateway.pools import GatewayPools
 from heron.gateway.reassembly import Reassembly, merge_items, merge_scores
@@ -87,6 +91,17 @@ GATEWAY_OPERATIONS: tuple[ApiOperation, ...] = (
     ApiOperation("POST", "/v1/pools/{name}/renew", "renewPool", "Extend a pool's lease",
                  "pools", request=api.PoolRenewBody, request_required=False,
                  responses={200: api.PoolView, **_POOL_ERRORS}, auth=True),
+    ApiOperation("POST", "/v1/jobs", "createJob", "Start a bulk job: encode every row of a "
+                 "file into an output file", "jobs", request=api.JobCreateBody,
+                 responses={202: api.JobView, **api.error_statuses(403, 404, 503)},
+                 request_media=("application/json", "application/msgpack"), auth=True),
+    ApiOperation("GET", "/v1/jobs", "listJobs", "Every bulk job", "jobs",
+                 responses={200: api.JobList, **api.error_statuses(503)}, auth=True),
+    ApiOperation("GET", "/v1/jobs/{job_id}", "getJob", "A bulk job's state and progress",
+                 "jobs", responses={200: api.JobView, **api.error_statuses(404, 503)},
+                 auth=True),
+    ApiOperation("DELETE", "/v1/jobs/{job_id}", "cancelJob", "Cancel a bulk job", "jobs",
+                 responses={200: api.JobView, **api.error_statuses(404, 503)}, auth=True),
     ApiOperation("GET", "/v1/configs/models/{model}/status", "getModelConfigStatus",
                  "Which workers of the model's pool applied its config", "configs",
                  auth=True),
@@ -129,6 +144,9 @@ class GatewayApp:
                                   jetstream=self._jetstream,
                                   nats_unavailable=self.dispatcher.nats_unavailable,
                                   on_pool_ended=self._forget_pool)
+        # Bulk jobs (NATS KV) and this gateway's loop that runs them.
+        self.jobs = GatewayJobs(self, jetstream=self._jetstream,
+                                nats_unavailable=self.dispatcher.nats_unavailable)
         self._subscribed = False
         self.status_page: ClusterStatusPage | None = None  # set by build()
         self._status_since = 0.0
@@ -167,6 +185,7 @@ class GatewayApp:
         self._status_since = time.monotonic()
         self._grace_s = max(self.settings.startup_grace_s, self.health.timeout_s)
         await self.pools.start(js)  # watch the pools bucket afresh: leases may have ended
+        await self.jobs.loop.watch()  # and the jobs bucket
         await self.declare_streams(nc, js)
 
     async def _set_up_nats(self, nc: NatsClient, js: JetStreamContext) -> None:
@@ -182,6 +201,8 @@ class GatewayApp:
             self._status_since = time.monotonic()
         if self.config_sync is not None:
             await self.config_sync.start(nc)
+        self.jobs.loop.start()  # idempotent; it waits out NATS being away by itself
+        await self.jobs.loop.watch()
 
     async def _on_status(self, msg: Msg) -> None:
         try:
@@ -198,6 +219,7 @@ class GatewayApp:
         try:
             yield
         finally:
+            await self.jobs.loop.stop()
             await self.pools.stop()
             if self.config_sync is not None:
                 await self.config_sync.stop()
@@ -277,6 +299,22 @@ class GatewayApp:
         body = merge_items(route.model_id, done.parts(), done.expected, failures)
         settle_item_errors(body, call)
         return self._answer(body, route, done)
+
+    def job_route(self, model: str, req: EncodeRequest) -> ModelRoute:
+        """A bulk job's model, checked as encode checks it (404, 422) when it is created."""
+        route = self._route(InferenceCall(headers={}), model, "encode")
+        check_encode_outputs(route, req)
+        return route
+
+    async def encode_rows(self, model: str, req: EncodeRequest) -> dict[str, Any]:
+        """A bulk job's shard (gateway/job_runner.py): encode's dispatch path as an internal
+        call, at the request's own priority. Every item's error stays in its row, even
+        when no item succeeded: the job records failed rows, it does not fail."""
+        call = InferenceCall(headers={})
+        route = self.job_route(model, req)
+        done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options,
+                                    call, partial=True)
+        return merge_items(route.model_id, done.parts(), done.expected, done.failures())
 
     async def score(self, model: str, req: ScoreRequest, call: InferenceCall) -> Answer:
         route = self._route(call, model, "score")
@@ -395,6 +433,10 @@ class GatewayApp:
             Route("/v1/pools/{name}/renew", self.pools.renew_pool, methods=["POST"]),
             Route("/v1/configs/models/{model:path}/status", self.config_status,
                   methods=["GET"]),
+            Route("/v1/jobs", self.jobs.create, methods=["POST"]),
+            Route("/v1/jobs", self.jobs.list_jobs, methods=["GET"]),
+            Route("/v1/jobs/{job_id}", self.jobs.get_job, methods=["GET"]),
+            Route("/v1/jobs/{job_id}", self.jobs.cancel_job, methods=["DELETE"]),
             *page.routes(),  # the live cluster page: / and its WebSocket
         ]
         app = build_inference_app(self, title="Heron gateway", lifespan=self.lifespan,

@@ -92,3 +92,31 @@ class GatewaySettings(InferenceServerSettings):
     shutdown_timeout_s: float = setting(
         30.0, "After SIGTERM, how long requests in flight may take to finish before the "
               "gateway closes their connections")
+    # ---- bulk jobs (gateway/jobs.py, gateway/job_runner.py) ----
+    job_roots: str | None = setting(
+        None, "Local folders bulk jobs may read and write (file:// URIs), comma-separated; "
+              "paths are resolved, symlinks followed, before they must be under one. none: "
+              "no local paths (heron up allows its data dir)", env="HERON_JOB_ROOTS")
+    job_buckets: str | None = setting(
+        None, "S3 buckets bulk jobs may read and write (s3:// URIs), comma-separated; none: "
+              "no buckets", env="HERON_JOB_BUCKETS")
+    job_shard_rows: int = setting(
+        256, "Rows of a bulk job's shard: a shard is one request's work and one part file "
+             "(a new job keeps the value it was created with)", minimum=1, maximum=2048)
+    job_priority: int = setting(
+        10, "Priority of bulk jobs' work items (0 is the highest, interactive requests' "
+            "default): workers take interactive work first")
+    job_shards_in_flight: int = setting(
+        2, "Shards of bulk jobs this gateway has in its pools at once, all jobs together: "
+           "jobs fill idle capacity without filling the backlog", minimum=1)
+    max_running_jobs: int = setting(
+        4, "Bulk jobs this gateway runs at once; more wait (queued) for this or another "
+           "gateway", minimum=1)
+    job_lease_s: float = setting(
+        10.0, "A bulk job's lease: its gateway renews it every third of this; a job whose "
+              "gateway stopped renewing is taken over by another after it", minimum=1.0)
+    job_shard_timeout_s: float = setting(
+        120.0, "Deadline of one shard's request (a shard past it is sent again)", minimum=1.0)
+    job_shard_attempts: int = setting(
+        3, "Times a shard whose rows failed server-side (a worker lost) is computed before "
+           "those rows are recorded as failed", minimum=1)

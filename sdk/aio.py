@@ -26,6 +26,7 @@ from heron_sdk.calls import (
 )
 from heron_sdk.client import PoolLeaseState, _builder, default_url
 from heron_sdk.errors import HeronError, PoolError
+from heron_sdk.jobs import AsyncJobs
 from heron_sdk.pools import DEFAULT_TTL_S
 from heron_sdk.results import EncodedChunk, EncodeResult, ExtractResult, ScoreResult
 from heron_sdk.streaming import DEFAULT_MAX_IN_FLIGHT, EncodeStream, ProgressBar
@@ -46,6 +47,9 @@ class AsyncClient:
         self._b = _builder(wire, api_key, timeout, wait_for_capacity,
                            provision_timeout_s, max_items_per_request)
         self._http = http or httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        # Bulk jobs (cluster gateway only): await client.jobs.create(...), job.wait()
+        self.jobs = AsyncJobs(lambda method, path, body, ok: self._run(
+            self._b.request(method, path, body, ok=ok)))
 
     async def __aenter__(self) -> AsyncClient:
         return self

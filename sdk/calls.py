@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NotRequired, TypedDict
 
 from heron_sdk import wire
+from heron_sdk.chunking import ChunkingOptions
 from heron_sdk.errors import (
     CONNECTION_FAILED,
     PROVISIONING_TIMEOUT,
@@ -246,6 +247,7 @@ class CallOptions(TypedDict):
     wait_for_capacity: NotRequired[bool | None]  # wait out 202/503 (default: the client's)
     provision_timeout_s: NotRequired[float | None]  # how long to wait for capacity
     adapter: NotRequired[str | None]  # a LoRA adapter the model's config lists
+    cache: NotRequired[bool]  # False: the worker's result cache is neither read nor written
 
 
 class EncodeOptions(CallOptions):
@@ -257,6 +259,9 @@ class EncodeOptions(CallOptions):
     # "query", "document" (or Cohere's search_query, search_document, classification,
     # clustering): the model's own prompt for that side; instead of is_query.
     input_type: NotRequired[str | None]
+    # Long texts split into chunks, each embedded: ChunkingOptions, its wire dict
+    # ({"max_tokens", "overlap", "strategy", "pool"}) or True for the defaults.
+    chunking: NotRequired[ChunkingOptions | Mapping[str, Any] | bool | None]
 
 
 class ScoreOptions(CallOptions):
@@ -308,7 +313,7 @@ class CallBuilder:
                top_k: int | None = None) -> tuple[SplitCall, CallPolicy]:
         options = RequestOptions(truncate=opts.get("truncate", True),
                                  priority=opts.get("priority", 0), timeout_s=opts.get("timeout"),
-                                 adapter=opts.get("adapter"))
+                                 adapter=opts.get("adapter"), cache=opts.get("cache", True))
         pieces = chunks(as_items(items), self.max_items, self.max_chunk_bytes)
         pool = opts.get("pool")
         calls = [self.request("POST", f"/v1/{task}/{model}", body(part, options), pool=pool)
@@ -324,10 +329,11 @@ class CallBuilder:
                 items=part, output_types=tuple(opts.get("output_types", ("dense",))),
                 output_dtype=dtype, dims=opts.get("dims"), is_query=opts.get("is_query", False),
                 instruction=opts.get("instruction"), input_type=opts.get("input_type"),
-                options=options).to_wire()
+                options=options, chunking=chunking).to_wire()
 
         check_keys(opts, EncodeOptions)
         dtype = opts.get("output_dtype", "float32")
+        chunking = ChunkingOptions.of(opts.get("chunking"))
         return self._split("encode", model, items, body, opts, output_dtype=dtype)
 
     def score(self, model: str, query: str | Any, items: Sequence[ItemLike],

@@ -35,6 +35,7 @@ from heron_sdk.calls import (
     decode_reply,
 )
 from heron_sdk.errors import HeronError, PoolError
+from heron_sdk.jobs import Jobs
 from heron_sdk.pools import DEFAULT_TTL_S
 from heron_sdk.results import EncodedChunk, EncodeResult, ExtractResult, ScoreResult
 from heron_sdk.streaming import DEFAULT_MAX_IN_FLIGHT, EncodeStream, ProgressBar
@@ -66,6 +67,9 @@ class Client:
         self._b = _builder(wire, api_key, timeout, wait_for_capacity,
                            provision_timeout_s, max_items_per_request)
         self._http = http or httpx.Client(base_url=self.base_url, timeout=timeout)
+        # Bulk jobs (cluster gateway only): client.jobs.create(...), job.wait(progress=True)
+        self.jobs = Jobs(lambda method, path, body, ok: self._run(
+            self._b.request(method, path, body, ok=ok)))
 
     def __enter__(self) -> Client:
         return self

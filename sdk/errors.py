@@ -43,6 +43,8 @@ class ErrorCode(StrEnum):
     TOO_MANY_IMAGES = "TOO_MANY_IMAGES"
     IMAGE_URL_REFUSED = "IMAGE_URL_REFUSED"
     IMAGE_FETCH_FAILED = "IMAGE_FETCH_FAILED"
+    JOB_NOT_FOUND = "JOB_NOT_FOUND"
+    JOB_PATH_FORBIDDEN = "JOB_PATH_FORBIDDEN"
 
 
 STATUS_BY_CODE: dict[ErrorCode, int] = {
@@ -77,6 +79,8 @@ STATUS_BY_CODE: dict[ErrorCode, int] = {
     ErrorCode.TOO_MANY_IMAGES: 413,
     ErrorCode.IMAGE_URL_REFUSED: 422,
     ErrorCode.IMAGE_FETCH_FAILED: 422,
+    ErrorCode.JOB_NOT_FOUND: 404,
+    ErrorCode.JOB_PATH_FORBIDDEN: 403,
 }
 
 

@@ -34,8 +34,28 @@ def _item_error(row: Mapping[str, Any]) -> HeronError | None:
 
 
 @dataclass(frozen=True, slots=True)
+class TextChunk:
+    """One chunk of an item encoded with ``chunking``: ``text[start:end]`` of the item's
+    text (character offsets), and its outputs, as if that text had been sent alone."""
+
+    start: int
+    end: int
+    dense: np.ndarray | None = None
+    sparse: SparseVector | None = None
+    multi_vector: np.ndarray | None = None
+    muvera: np.ndarray | None = None
+    tokens: int = 0
+
+    def text(self, of: str) -> str:
+        """This chunk's text, cut from ``of``: the item's text."""
+        return of[self.start:self.end]
+
+
+@dataclass(frozen=True, slots=True)
 class Embedding:
-    """One item of an encode result. Outputs not asked for are None."""
+    """One item of an encode result. Outputs not asked for are None. With ``chunking``,
+    ``chunks`` holds each chunk's outputs, and ``dense`` is the pooled vector (``pool:
+    "mean"``) or None."""
 
     dense: np.ndarray | None = None  # 1-D
     sparse: SparseVector | None = None
@@ -45,23 +65,35 @@ class Embedding:
     truncated: bool = False
     id: str | None = None
     error: HeronError | None = None  # set when this item's part failed (gateway only)
+    chunks: list[TextChunk] | None = None  # with chunking: the item's chunks, in order
+    cached: bool = False  # not computed for this request: the worker's result cache
 
 
 def _embedding(row: Mapping[str, Any], dtype: Any) -> Embedding:
     error = _item_error(row)
     if error is not None:
         return Embedding(id=row.get("id"), error=error)
+    chunks = row.get("chunks")
+    return Embedding(
+        **_outputs(row, dtype),
+        chunks=None if chunks is None else [
+            TextChunk(int(c["start"]), int(c["end"]), **_outputs(c, dtype),
+                      tokens=int(c.get("tokens", 0))) for c in chunks],
+        tokens=int(row.get("tokens", 0)), truncated=bool(row.get("truncated", False)),
+        id=row.get("id"), cached=bool(row.get("cached", False)))
+
+
+def _outputs(row: Mapping[str, Any], dtype: Any) -> dict[str, Any]:
+    """The outputs of an item (or of a chunk) as numpy arrays; None where not asked for."""
     sparse = row.get("sparse")
     sparse_dtype = np.float16 if dtype is np.float16 else np.float32
-    return Embedding(
-        dense=None if row.get("dense") is None else _array(row["dense"], dtype),
-        sparse=None if sparse is None else SparseVector(
+    return {
+        "dense": None if row.get("dense") is None else _array(row["dense"], dtype),
+        "sparse": None if sparse is None else SparseVector(
             _array(sparse["indices"], np.int32), _array(sparse["values"], sparse_dtype)),
-        multi_vector=(None if row.get("multi_vector") is None
-                      else _array(row["multi_vector"], dtype)),
-        muvera=None if row.get("muvera") is None else _array(row["muvera"], dtype),
-        tokens=int(row.get("tokens", 0)), truncated=bool(row.get("truncated", False)),
-        id=row.get("id"))
+        "multi_vector": (None if row.get("multi_vector") is None
+                         else _array(row["multi_vector"], dtype)),
+        "muvera": None if row.get("muvera") is None else _array(row["muvera"], dtype)}
 
 
 class _Items:

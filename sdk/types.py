@@ -14,13 +14,16 @@ import re
 import reprlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
 from heron_sdk.images import MAX_IMAGES_PER_REQUEST, check_image_field
 from heron_sdk.wire import array_to_base64
+
+if TYPE_CHECKING:  # heron_sdk.chunking reads fields with this module's readers
+    from heron_sdk.chunking import ChunkingOptions
 
 TASKS = ("encode", "score", "extract")
 OUTPUT_TYPES = ("dense", "sparse", "multi_vector", "muvera")
@@ -52,9 +55,9 @@ MODEL_ADAPTER_PATTERN = r"^(?:[^@]+|[\s\S]+@[A-Za-z0-9][A-Za-z0-9._-]{0,63})$"
 
 # The fields each body may hold; any other is a 422 naming it (a misspelt option would
 # otherwise be dropped without a word and the request answered as if it were not there).
-OPTION_FIELDS = frozenset({"truncate", "priority", "timeout_s", "encoding", "adapter"})
+OPTION_FIELDS = frozenset({"truncate", "priority", "timeout_s", "encoding", "adapter", "cache"})
 ENCODE_FIELDS = OPTION_FIELDS | {"items", "output_types", "output_dtype", "dims", "is_query",
-                                 "instruction", "input_type"}
+                                 "instruction", "input_type", "chunking"}
 SCORE_FIELDS = OPTION_FIELDS | {"query", "items", "top_k", "max_tokens_per_doc"}
 # Which side of a search a text is on, in the names other APIs use (Cohere's search_query,
 # search_document, classification and clustering; Voyage's and Jina's query and document):
@@ -275,6 +278,7 @@ class RequestOptions:
     timeout_s: float | None = None
     encoding: str = "float"
     adapter: str | None = None  # a LoRA adapter of the model (None: the base model)
+    cache: bool = True  # False: the worker's result cache is neither read nor written
 
     @classmethod
     def from_wire(cls, body: Mapping[str, Any]) -> RequestOptions:
@@ -293,7 +297,7 @@ class RequestOptions:
             check_adapter_name(adapter, "adapter")
         return cls(truncate=optional_field(body, "truncate", bool, True), priority=priority,
                    timeout_s=None if timeout_s is None else float(timeout_s), encoding=encoding,
-                   adapter=adapter)
+                   adapter=adapter, cache=optional_field(body, "cache", bool, True))
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"truncate": self.truncate, "priority": self.priority,
@@ -302,6 +306,8 @@ class RequestOptions:
             out["timeout_s"] = self.timeout_s
         if self.adapter is not None:
             out["adapter"] = self.adapter
+        if not self.cache:
+            out["cache"] = False
         return out
 
 
@@ -323,6 +329,7 @@ class EncodeRequest:
     instruction: str | None = None
     options: RequestOptions = field(default_factory=RequestOptions)
     input_type: str | None = None  # an INPUT_TYPES key; sets is_query
+    chunking: ChunkingOptions | None = None  # long texts split (heron_sdk.chunking)
 
     @classmethod
     def from_wire(cls, body: Any) -> EncodeRequest:
@@ -351,6 +358,8 @@ class EncodeRequest:
             if side is None:
                 raise invalid_field("input_type", f"must be one of {list(INPUT_TYPES)}")
             is_query = side == "query"
+        # Imported here: heron_sdk.chunking builds on this module's field readers.
+        from heron_sdk.chunking import parse_chunking
         return cls(
             items=_parse_items(body, tokens=True, images=True),
             output_types=tuple(dict.fromkeys(output_types)),
@@ -360,6 +369,7 @@ class EncodeRequest:
             instruction=optional_field(body, "instruction", str, None),
             input_type=input_type,
             options=RequestOptions.from_wire(body),
+            chunking=parse_chunking(body.get("chunking")),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -374,6 +384,8 @@ class EncodeRequest:
             out["instruction"] = self.instruction
         if self.input_type is not None:
             out["input_type"] = self.input_type
+        if self.chunking is not None:
+            out["chunking"] = self.chunking.to_wire()
         return out
 
 

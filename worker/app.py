@@ -33,6 +33,7 @@ from heron.runtime.token_calls import DecodeRequest, TokenizeRequest
 from heron.worker.cluster import WorkerCluster
 from heron.worker.metrics import WorkerMetrics, mark_process_dead, multiprocess_dir
 from heron.worker.registry import LoadState, ModelEntry, ModelRegistry
+from heron.worker.result_cache import ResultCache
 from heron.worker.service import InferenceService, Outcome
 from heron.worker.settings import WorkerSettings
 from heron.worker.tokens import TokenService
@@ -73,16 +74,17 @@ class LocalBackend:
                  settings: WorkerSettings | None = None) -> None:
         adopt_library_logs()  # transformers is imported by now: JSON logs stay JSON
         self.metrics = WorkerMetrics()
+        self.settings = settings or WorkerSettings.from_env()
         self.registry = ModelRegistry(bundle, device=device, precision=precision,
                                       extra_models=extra_models,
                                       on_batch=self.metrics.observe_batch,
                                       on_evict=self.metrics.observe_eviction,
                                       on_load=self.metrics.observe_load,
-                                      inference_cpus=inference_cpus)
+                                      inference_cpus=inference_cpus,
+                                      results=ResultCache(self.settings.result_cache_bytes))
         self.service = InferenceService(self.registry, on_phases=self.metrics.observe_phases)
         self.tokens = TokenService(self.registry)
         self.queue = queue
-        self.settings = settings or WorkerSettings.from_env()
         self.cluster: WorkerCluster | None = None
         self._load_task: asyncio.Task | None = None
 
@@ -206,6 +208,7 @@ class LocalBackend:
                                            for e in self.registry.entries()))
         self.metrics.resident_bytes.set(self.registry.resident_bytes())
         self.metrics.resident_memory.set(psutil.Process().memory_info().rss)
+        self.metrics.observe_results(self.registry.results)
         if self.cluster is not None and self.cluster.config_epoch >= 0:
             self.metrics.config_epoch.set(self.cluster.config_epoch)
         for e in self.registry.entries():

@@ -22,6 +22,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from heron.worker.result_cache import CacheStats, ResultCache
 from heron.worker.runner import BatchStats
 from heron.worker.weight_stats import weight_cache_stats
 
@@ -94,6 +95,23 @@ class WorkerMetrics:
         self.resident_memory = Gauge("heron_worker_resident_memory_bytes",
                                      "Resident memory of the worker process(es)", registry=r,
                                      multiprocess_mode="livesum")
+        # The result cache (worker/result_cache.py): its counters are copied in by
+        # ``observe_results`` (when gauges are set), so that processes' values add up.
+        self.result_cache_items = Counter(
+            "heron_worker_result_cache_items", "Cacheable items by result: hit (served from "
+            "the cache), join (shared an identical item's computation in flight), miss "
+            "(computed)", ["result"], registry=r)
+        self.result_cache_evictions = Counter(
+            "heron_worker_result_cache_evictions", "Result cache entries dropped: lru (for "
+            "room, or emptied under memory pressure), invalidated (their model reloaded or "
+            "its config changed)", ["reason"], registry=r)
+        self.result_cache_bytes = Gauge("heron_worker_result_cache_bytes",
+                                        "Bytes the result cache holds", registry=r,
+                                        multiprocess_mode="livesum")
+        self.result_cache_entries = Gauge("heron_worker_result_cache_entries",
+                                          "Items the result cache holds", registry=r,
+                                          multiprocess_mode="livesum")
+        self._results_seen = CacheStats()
 
         r.register(WeightCacheCollector())
 
@@ -115,6 +133,22 @@ class WorkerMetrics:
         self.loads.labels(model, result).inc()
         if result == "loaded":
             self.load_seconds.labels(model).observe(seconds)
+
+    def observe_results(self, cache: ResultCache) -> None:
+        """Bring the result cache's counters and size into the metrics."""
+        now, seen = cache.stats, self._results_seen
+        for label, name in (("hit", "hits"), ("join", "joins"), ("miss", "misses")):
+            delta = getattr(now, name) - getattr(seen, name)
+            if delta:
+                self.result_cache_items.labels(label).inc(delta)
+        for label, name in (("lru", "evictions"), ("invalidated", "invalidated")):
+            delta = getattr(now, name) - getattr(seen, name)
+            if delta:
+                self.result_cache_evictions.labels(label).inc(delta)
+        self._results_seen = CacheStats(now.hits, now.misses, now.joins, now.evictions,
+                                        now.invalidated)
+        self.result_cache_bytes.set(cache.bytes)
+        self.result_cache_entries.set(len(cache))
 
     def render(self) -> bytes:
         if not multiprocess_dir():

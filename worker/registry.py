@@ -9,6 +9,8 @@ the least recently used idle model is evicted while memory is over the threshold
 models' weights over the budget; a model with work queued or running is never evicted, and
 a request for an evicted model loads it again. A load failure is permanent (bad config or
 weights: FAILED, 502, no retry) or transient (memory: 503 + Retry-After, tried again).
+Over the memory threshold, the result cache (worker/result_cache.py) is emptied before any
+model is evicted; a model's cached outputs go when it unloads or its config changes.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from heron.worker.memory import (
     module_bytes,
     weights_bytes,
 )
+from heron.worker.result_cache import ResultCache
 from heron.worker.runner import BatchStats, ModelRunner
 from heron.worker.weight_cache import unpin_weights
 from heron.worker.weights import (
@@ -140,8 +143,10 @@ class ModelRegistry:
                  memory: MemoryPolicy | None = None,
                  on_evict: Callable[[str, str], None] | None = None,
                  on_load: Callable[[str, str, float], None] | None = None,
-                 inference_cpus: frozenset[int] | None = None) -> None:
+                 inference_cpus: frozenset[int] | None = None,
+                 results: ResultCache | None = None) -> None:
         self.bundle = bundle
+        self.results = results if results is not None else ResultCache(0)  # all models share it
         self.memory = memory or MemoryPolicy.from_env()
         self._on_evict = on_evict
         self._on_load = on_load  # (model id, "loaded" | "retry" | "failed", seconds)
@@ -250,6 +255,8 @@ class ModelRegistry:
                 self._entries[config.id] = ModelEntry(config)
                 added.append(config.id)
             else:
+                if entry.config != config and entry.runner is not None:
+                    entry.runner.invalidate_results()  # never an answer of the old config
                 entry.config = config  # its runner's LoRA adapters read it from here
             for name in (config.id, *config.aliases):
                 self._names.setdefault(name, config.id)
@@ -345,7 +352,7 @@ class ModelRegistry:
         runner = ModelRunner(adapter, tokenize_pool=self._tokenize_pool,
                              infer_pool=self._cpu_infer_pool if device.type == "cpu" else None,
                              autocast_dtype=autocast_dtype, on_batch=on_batch,
-                             arrivals_open=self._arrivals_open)
+                             arrivals_open=self._arrivals_open, results=self.results)
         # LoRA adapters: the entry's config as deltas update it, and a load evicts other
         # idle models if memory needs it.
         runner.loras.config_of = lambda: entry.config
@@ -363,11 +370,23 @@ class ModelRegistry:
         budget = self.memory.budget_bytes
         if budget is not None and self.resident_bytes() + extra_bytes > budget:
             return "budget"
-        device = self.device_override if self.device_override not in (None, "auto") else (
-            "cuda" if torch.cuda.is_available() else "cpu")
-        if memory_used_percent(device) >= self.memory.threshold_percent:
+        if memory_used_percent(self._device()) >= self.memory.threshold_percent:
             return "memory"
         return None
+
+    def _device(self) -> str:
+        return self.device_override if self.device_override not in (None, "auto") else (
+            "cuda" if torch.cuda.is_available() else "cpu")
+
+    def _shed_results(self) -> bool:
+        """Over the memory threshold on CPU: empty the result cache first (host memory:
+        it frees nothing on a GPU). Outputs are cheaper to compute again than a model is
+        to load again."""
+        if not self.results.bytes or self._device() != "cpu":
+            return False
+        log.info("memory over the threshold: result cache emptied (%.0f MB)",
+                 self.results.clear() / 1e6)
+        return True
 
     def _lru_idle(self, keep: ModelEntry | None = None) -> ModelEntry | None:
         idle = [e for e in self._entries.values()
@@ -378,6 +397,8 @@ class ModelRegistry:
         """Evict LRU idle models until ``needed_bytes`` more fit; InsufficientMemory if
         they cannot (every other model is busy)."""
         while (reason := self._over(needed_bytes)) is not None:
+            if reason == "memory" and self._shed_results():
+                continue
             victim = self._lru_idle(keep=entry)
             if victim is None:
                 raise InsufficientMemory(
@@ -418,6 +439,8 @@ class ModelRegistry:
         while True:
             await asyncio.sleep(1.0)
             try:
+                if self.results.bytes and self._over() == "memory":
+                    self._shed_results()
                 while (reason := self._over()) is not None and (
                         victim := self._lru_idle()) is not None:
                     await self.evict(victim, reason)

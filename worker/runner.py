@@ -3,12 +3,18 @@
 Data path of an item: ``tokenize`` (shared thread pool) -> ``TokenBudgetBatcher`` ->
 ``_serve`` loop (one task) -> ``Adapter.collate/forward/postprocess`` on the model's own
 inference thread -> the caller's future. The event loop never blocks on the model.
+
+Before the batcher, ``infer`` answers items from the worker's result cache and lets
+identical items share one computation (worker/result_cache.py): an item whose key is
+cached is answered at once, one whose key is queued or computing for anyone (another
+request, or an earlier item of the same request) waits on that computation's future.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +29,7 @@ from heron.worker.batcher import TokenBudgetBatcher, WorkItem
 from heron.worker.images import ImageInput
 from heron.worker.lora import LoraSet
 from heron.worker.memory import HeapTrimmer
+from heron.worker.result_cache import Key, ResultCache, item_digest
 from heron_sdk.errors import ErrorCode, HeronError
 
 log = logging.getLogger("heron.worker.runner")
@@ -30,6 +37,8 @@ log = logging.getLogger("heron.worker.runner")
 # Small requests tokenize on the event loop (tens of microseconds); bigger ones on the pool.
 INLINE_TOKENIZE_ITEMS = 64
 INLINE_TOKENIZE_CHARS = 16384
+# A new number per load and per config change of a model: its result-cache scope.
+_SCOPES = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -37,6 +46,18 @@ class ItemResult:
     value: Any
     queue_s: float
     inference_s: float
+    # Not computed for this item: served from the result cache, or shared with an
+    # identical item's computation (another request's, or this request's own).
+    cached: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Flight:
+    """One computation in flight that identical items wait on; ``waiters`` counts the
+    ``infer`` calls waiting, and the last to give up cancels it (no compute for nobody)."""
+
+    work: WorkItem
+    waiters: int = 1
 
 
 @dataclass(slots=True)
@@ -52,7 +73,8 @@ class ModelRunner:
                  infer_pool: ThreadPoolExecutor | None = None,
                  autocast_dtype: torch.dtype | None = None,
                  on_batch: Callable[[BatchStats], None] | None = None,
-                 arrivals_open: Callable[[], bool] | None = None) -> None:
+                 arrivals_open: Callable[[], bool] | None = None,
+                 results: ResultCache | None = None) -> None:
         self.adapter = adapter
         profile = adapter.profile
         self.batcher = TokenBudgetBatcher(
@@ -72,6 +94,12 @@ class ModelRunner:
         self._task: asyncio.Task | None = None
         self.in_flight = 0
         self.in_forward = 0  # items of the batch on the inference thread now
+        # The worker's result cache (None or disabled: every item is computed). Extract is
+        # not cached: its items carry labels and character offsets beyond their tokens.
+        self.results = results if results is not None and results.enabled and \
+            adapter.task != "extract" else None
+        self.cache_scope = f"{adapter.config.id}#{next(_SCOPES)}"
+        self._flights: dict[Key, _Flight] = {}
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -84,6 +112,7 @@ class ModelRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self.invalidate_results()  # unloaded: its outputs are no use to anyone
         if self._own_pool:
             self._infer_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -117,24 +146,125 @@ class ModelRunner:
             self._tokenize_pool, self.adapter.clip, texts, max_tokens)
 
     async def infer(self, items: list[Tokenized], *, priority: int = 0,
-                    deadline: float | None = None, lora: Any = None) -> list[ItemResult]:
-        """``lora``: the LoRA adapter (``LoraSet.use``) every item is computed with."""
+                    deadline: float | None = None, lora: Any = None,
+                    cache: bool = True) -> list[ItemResult]:
+        """``lora``: the LoRA adapter (``LoraSet.use``) every item is computed with.
+        ``cache`` False (the request's ``cache`` option): no lookup, no sharing, no store.
+
+        An item that joins a computation in flight waits for that item's batch (at that
+        item's priority); the computation's deadline becomes the latest of its waiters'
+        (each caller still times out on its own deadline, service.py)."""
         if self._task is None:  # evicted between picking this runner and now
             raise HeronError(ErrorCode.MODEL_LOADING, f"model {self.adapter.config.id} was "
                              "unloaded to free memory and is loading again",
                              retry_after_s=2.0)
         loop = asyncio.get_running_loop()
-        work = [WorkItem(payload=t, length=t.length, priority=priority, deadline=deadline,
-                         future=loop.create_future(), lora=lora) for t in items]
-        self.batcher.submit(work)
+        results = self.results if cache else None
+        # Per item: its answer now (a cache hit), or the future it waits on, and whether
+        # that future is another item's computation (then the item says cached).
+        slots: list[ItemResult | asyncio.Future] = []
+        shared: list[bool] = []
+        work: list[WorkItem] = []
+        new: dict[Key, _Flight] = {}
+        joined: set[_Flight] = set()  # flights this call waits on (its own new ones too)
         self.in_flight += 1
         try:
-            return list(await asyncio.gather(*(w.future for w in work)))
+            for t in items:
+                key = self._key(t, lora) if results is not None else None
+                if key is not None and results is not None:
+                    value = results.get(key)
+                    if value is not None:
+                        results.stats.hits += 1
+                        slots.append(ItemResult(value, 0.0, 0.0, cached=True))
+                        shared.append(True)
+                        continue
+                    flight = new.get(key) or self._flights.get(key)
+                    if flight is not None:
+                        results.stats.joins += 1
+                        if flight not in joined and key not in new:
+                            flight.waiters += 1
+                            joined.add(flight)
+                            w = flight.work
+                            w.deadline = None if w.deadline is None or deadline is None \
+                                else max(w.deadline, deadline)
+                        slots.append(flight.work.future)
+                        shared.append(True)
+                        continue
+                w = WorkItem(payload=t, length=t.length, priority=priority, deadline=deadline,
+                             future=loop.create_future(), lora=lora)
+                work.append(w)
+                slots.append(w.future)
+                shared.append(False)
+                if key is not None:
+                    new[key] = _Flight(w)
+            if work:
+                self.batcher.submit(work)  # 429 QUEUE_FULL: nothing of this call is queued
+            for key, flight in new.items():
+                self._flights[key] = flight
+                joined.add(flight)
+                flight.work.future.add_done_callback(
+                    lambda future, k=key, f=flight: self._landed(k, f, future))
+            if results is not None:
+                results.stats.misses += len(new)
+            return await self._gather(slots, shared)
         finally:
             self.in_flight -= 1
+            flying = {id(f.work) for f in joined}
             for w in work:  # a caller that gave up (timeout) leaves nothing to compute
-                if not w.future.done():
+                if id(w) not in flying and not w.future.done():
                     w.future.cancel()
+            for flight in joined:  # ... unless another caller still waits for it
+                flight.waiters -= 1
+                if flight.waiters == 0 and not flight.work.future.done():
+                    flight.work.future.cancel()
+
+    @staticmethod
+    async def _gather(slots: list[ItemResult | asyncio.Future], shared: list[bool]
+                      ) -> list[ItemResult]:
+        """The items' results in order; the first error raises. ``asyncio.wait``, not
+        ``gather``: a caller cancelled here must not cancel futures others wait on."""
+        pending = {s for s in slots if isinstance(s, asyncio.Future) and not s.done()}
+        if pending:
+            await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        for s in slots:
+            if isinstance(s, asyncio.Future) and s.done() and s.exception() is not None:
+                raise s.exception()  # type: ignore[misc]
+        out = []
+        for s, joined in zip(slots, shared, strict=True):
+            if isinstance(s, ItemResult):
+                out.append(s)
+                continue
+            r: ItemResult = s.result()
+            out.append(ItemResult(r.value, r.queue_s, r.inference_s, cached=True)
+                       if joined else r)
+        return out
+
+    def _key(self, item: Tokenized, lora: Any) -> Key | None:
+        """The item's result-cache key; None for what tokens alone do not describe (an
+        image's pixels, a refused item: subclasses of Tokenized)."""
+        if type(item) is not Tokenized:
+            return None
+        return self.cache_scope, item_digest(item.input_ids, item.token_type_ids, item.query,
+                                             item.prompt_tokens, item.special_mask, lora)
+
+    def _landed(self, key: Key, flight: _Flight, future: asyncio.Future) -> None:
+        """A computation others could wait on finished: keep its output (unless the model
+        was reconfigured or unloaded meanwhile: its scope is gone)."""
+        if self._flights.get(key) is flight:
+            del self._flights[key]
+        if future.cancelled() or future.exception() is not None or self.results is None:
+            return
+        if key[0] == self.cache_scope:
+            self.results.put(key, future.result().value)
+
+    def invalidate_results(self) -> None:
+        """The model's config changed, or it unloads: its cached outputs can never be
+        served again (a new scope), and their bytes are freed now. Computations in flight
+        still answer their callers, but nothing new joins them and they are not kept."""
+        old, self.cache_scope = self.cache_scope, f"{self.adapter.config.id}#{next(_SCOPES)}"
+        self._flights.clear()
+        if self.results is not None:
+            self.results.drop_scope(old)
 
     # ---- the one task that owns the queue ----------------------------------------------
     async def _serve(self) -> None:

@@ -20,6 +20,7 @@ from heron.runtime import telemetry
 from heron.runtime.http import server_timing
 from heron.runtime.modelconfig import lora_source
 from heron.worker.adapters import Adapter, RefusedItem, TextInput, TokenIds, Tokenized
+from heron.worker.chunked_encode import plan_chunks
 from heron.worker.images import ImageInput
 from heron.worker.outputs import quantize, truncate_dims
 from heron.worker.registry import ModelEntry, ModelRegistry
@@ -165,7 +166,8 @@ class InferenceService:
         submitted = time.monotonic()
         if not computed:  # every item refused: nothing to compute
             return tokens, [None] * len(tokens)  # type: ignore[list-item]
-        coro = runner.infer(computed, priority=options.priority, deadline=deadline, lora=lora)
+        coro = runner.infer(computed, priority=options.priority, deadline=deadline, lora=lora,
+                            cache=options.cache)
         try:
             if deadline is None:
                 results = await coro
@@ -226,6 +228,10 @@ class InferenceService:
                              field="dims")
         prompt = runner.adapter.prompt(req.is_query, req.instruction, req.input_type)
         timings = Timings()
+        plan = None
+        if req.chunking is not None:  # each chunk is computed as an item of its own
+            plan = await plan_chunks(runner, req, prompt)
+            req = plan.rows
         tokens, results = await self._run(runner, encode_inputs(runner.adapter, req), req.options,
                                           timings, queries=len(req.items) if req.is_query else 0,
                                           prompts=(prompt, prompt), partial=True)
@@ -258,7 +264,12 @@ class InferenceService:
                     out["sparse"] = sparse.to_wire(enc)
             out["tokens"] = tok.length
             out["truncated"] = tok.truncated
+            if res.cached:  # not computed for this request (worker/result_cache.py)
+                out["cached"] = True
             items.append(out)
+        if plan is not None:  # the chunks' rows back into their items
+            items = plan.fold(items, results, normalize)
+            timings.tokenize += plan.split_s
         body = {"model": entry.config.id, "items": items,
                 "usage": {"tokens": sum(t.length for t in tokens)}}
         if errors:

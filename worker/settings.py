@@ -61,6 +61,10 @@ class WorkerSettings(InferenceServerSettings):
     idle_evict_s: float = setting(
         0.0, "Also evict a model nobody used for this many seconds (0: never)",
         env="HERON_IDLE_EVICT_S")
+    result_cache_bytes: int = setting(
+        256 * 1024**2, "Bytes of model outputs each worker process keeps to answer repeated "
+                       "items (LRU; 0: no result cache, no in-flight sharing)",
+        env="HERON_RESULT_CACHE_BYTES", minimum=0, size=True)
     heap_trim_s: float = setting(
         5.0, "Every this many seconds, between batches, hand freed heap pages back to the OS "
              "(glibc malloc_trim; 0: never)", env="HERON_HEAP_TRIM_S")

@@ -74,6 +74,10 @@ class LocalCluster:
         self.env = dict(os.environ)
         if self.replicas is not None:  # every component declares streams with the same
             self.env["HERON_STREAM_REPLICAS"] = str(self.replicas)
+        # Bulk jobs may read and write under the data dir, besides the operator's roots.
+        roots = self.env.get("HERON_JOB_ROOTS", "").strip()
+        data_dir = str(options.data_dir.resolve())
+        self.env["HERON_JOB_ROOTS"] = f"{roots},{data_dir}" if roots else data_dir
         self.services: list[Supervised] = []  # in start order
         self.workers: dict[str, ChildProcess] = {}  # worker_id -> child
         self.recent: deque[SupervisorEvent] = deque(maxlen=RECENT_EVENTS)

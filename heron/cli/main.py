@@ -1,6 +1,7 @@
 """The ``heron`` command: ``serve`` (single node), ``up`` (local cluster), ``gateway``,
 ``worker`` and ``config`` (each part alone, the shape Kubernetes runs), and the client
-commands ``encode``, ``score``, ``extract`` and ``models`` (heron/cli/client.py)."""
+commands ``encode``, ``score``, ``extract`` and ``models`` (heron/cli/client.py) and
+``jobs`` (bulk jobs: heron/cli/jobs.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 from heron import __version__
 from heron.cli.catalog import add_catalog_flags
 from heron.cli.client import add_client_commands
+from heron.cli.jobs import add_jobs_command
 from heron.cli.up import add_up_parser
 from heron.runtime.modelconfig import Bundle, ConfigError, load_bundle, load_model_config
 
@@ -392,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_up_parser(sub, cmd_up)  # heron/cli/up.py
     add_client_commands(sub)
+    add_jobs_command(sub)  # heron/cli/jobs.py
     add_catalog_flags(sub.choices["models"])  # heron models --catalog
     return parser
 

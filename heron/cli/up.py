@@ -142,7 +142,7 @@ def add_up_parser(sub: argparse._SubParsersAction, func: object) -> None:
     up.add_argument("--config-port", type=int, default=8090,
                     help="the config service's port (0: any free port)")
     up.add_argument("--data-dir", default=os.environ.get("HERON_DATA_DIR", ".heron"),
-                    help="JetStream store and logs")
+                    help="JetStream store and logs; bulk jobs may read and write under it")
     up.add_argument("--bundle", default=os.environ.get("HERON_BUNDLE", "default"))
     up.add_argument("--pool", default=None, help="pool name (default: the bundle's name)")
     up.add_argument("--workers", type=int, default=1, help="workers to start with")

@@ -116,13 +116,35 @@ class RequestOptionsBody(TypedDict):
         pattern=ADAPTER_NAME_PATTERN, description="A LoRA adapter the model's config lists "
         "(404 ADAPTER_NOT_FOUND otherwise); null: the base model. model@adapter in the "
         "route says the same.")]]
+    cache: NotRequired[Annotated[bool | None, schema(default=True, description=(
+        "false: the worker's result cache is neither read nor written, and the items are "
+        "computed for this request alone"))]]
 
 
 @closed
-class EncodeBody(RequestOptionsBody):
-    """POST /v1/encode/{model}."""
+class ChunkingBody(TypedDict):
+    """encode's chunking: each text split into chunks with the model's own tokenizer, every
+    chunk embedded as if sent alone (heron_sdk.chunking). Texts only: an item given as
+    token ids or an image is 422."""
 
-    items: EncodeItems
+    max_tokens: NotRequired[Annotated[PositiveInt | None, schema(description=(
+        "The model's tokens a chunk holds at most, without its special tokens and prompt; "
+        "default (null): all the model takes. Over that: 422 INVALID_FIELD."))]]
+    overlap: NotRequired[Annotated[int | None, schema(
+        minimum=0, maximum=MAX_INTEGER, default=0, description=(
+            "Tokens a chunk repeats of the one before it; less than max_tokens (else 422)."))]]
+    strategy: NotRequired[Annotated[Literal["tokens", "sentences"] | None, schema(
+        default="tokens", description=(
+            "tokens: windows of max_tokens tokens, cut at word boundaries; sentences: whole "
+            "sentences packed up to max_tokens (a longer sentence is cut by tokens)."))]]
+    pool: NotRequired[Annotated[Literal["mean"] | None, schema(description=(
+        "mean: the item's dense is also answered, the mean of its chunks' dense vectors "
+        "(unit length when the model normalizes); needs dense in output_types."))]]
+
+
+class EncodeOptionsBody(TypedDict):
+    """What encode computes for each item: on POST /v1/encode and on a job."""
+
     output_types: NotRequired[Annotated[list[OutputType] | None, schema(
         minItems=1, default=["dense"])]]
     output_dtype: NotRequired[Annotated[OutputDtype | None, schema(default="float32")]]
@@ -134,6 +156,14 @@ class EncodeBody(RequestOptionsBody):
         "query and search_query encode as queries; document and search_document as "
         "documents; classification and clustering take the checkpoint's prompt of that "
         "name, else the document side. Given, it decides the side (is_query is not read)."))]]
+
+
+@closed
+class EncodeBody(RequestOptionsBody, EncodeOptionsBody):
+    """POST /v1/encode/{model}."""
+
+    items: EncodeItems
+    chunking: NotRequired[ChunkingBody | None]
 
 
 @closed
@@ -248,16 +278,37 @@ class Usage(TypedDict):
     tokens: int
 
 
-class EncodedItem(TypedDict):
-    """One item's outputs: a key per requested output type."""
+class TextChunk(TypedDict):
+    """One chunk of a chunked item: ``text[start:end]`` (character offsets, end exclusive),
+    its outputs (a key per requested output type) and its tokens (special ones and the
+    prompt's included)."""
 
+    start: int
+    end: int
     dense: NotRequired[Vector]
     sparse: NotRequired[SparseEmbedding]
     multi_vector: NotRequired[Matrix]
     muvera: NotRequired[Vector]
     tokens: int
+    cached: NotRequired[Annotated[bool, schema(description="As on an item.")]]
+
+
+class EncodedItem(TypedDict):
+    """One item's outputs: a key per requested output type. With chunking, ``chunks``
+    holds them per chunk, and ``dense`` only with ``pool: "mean"``; ``tokens`` is then the
+    chunks' sum."""
+
+    dense: NotRequired[Vector]
+    sparse: NotRequired[SparseEmbedding]
+    multi_vector: NotRequired[Matrix]
+    muvera: NotRequired[Vector]
+    chunks: NotRequired[list[TextChunk]]
+    tokens: int
     truncated: bool
     id: NotRequired[str]
+    cached: NotRequired[Annotated[bool, schema(description=(
+        "Present (true) when the item was not computed for this request: served from the "
+        "worker's result cache, or shared with an identical item computed at the same time"))]]
 
 
 class ErrorDetail(TypedDict):
@@ -474,6 +525,71 @@ class PoolList(TypedDict):
 class PoolDeleted(TypedDict):
     name: str
     deleted: Literal[True]
+
+
+# ---- bulk jobs (gateway) ---------------------------------------------------------------------
+# heron_sdk.jobs.JobSpec.from_wire is the parser; the options are encode's (EncodeBody),
+# less priority, timeout_s and encoding, which are the job's own.
+NonEmpty = Annotated[str, schema(minLength=1)]
+
+
+@closed
+class JobInputBody(TypedDict):
+    """Where the rows come from: file:///path under HERON_JOB_ROOTS, or s3://bucket/key
+    of a bucket on HERON_JOB_BUCKETS (403 JOB_PATH_FORBIDDEN otherwise)."""
+
+    uri: NonEmpty
+    format: Literal["jsonl", "parquet", "csv"]
+    text_field: NotRequired[Annotated[NonEmpty, schema(default="text")]]
+    id_field: NotRequired[Annotated[NonEmpty, schema(
+        description="The column of each row's id; absent: a row's id is its number.")]]
+
+
+@closed
+class JobOutputBody(TypedDict):
+    uri: NonEmpty
+    format: Literal["parquet", "jsonl", "npy"]
+
+
+@closed
+class JobCreateBody(EncodeOptionsBody):
+    """POST /v1/jobs: encode every row of ``input`` into ``output``."""
+
+    model: NonEmpty
+    task: NotRequired[Annotated[Literal["encode"], schema(default="encode")]]
+    input: JobInputBody
+    output: JobOutputBody
+    truncate: NotRequired[Annotated[bool | None, schema(default=True)]]
+    adapter: NotRequired[Annotated[str | None, schema(pattern=ADAPTER_NAME_PATTERN)]]
+
+
+class JobView(TypedDict):
+    id: str
+    object: Literal["job"]
+    model: str
+    task: str
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    rows_total: int | None
+    rows_done: int
+    rows_failed: int
+    shards_total: int | None
+    shards_done: int
+    rows_per_s: float | None
+    eta_s: float | None
+    input: dict[str, Any]
+    output: dict[str, Any]
+    output_uri: str
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    updated_at: float
+    runs: int  # how many times a gateway has taken it (more than 1: taken over)
+    error: ErrorDetail | None
+
+
+class JobList(TypedDict):
+    object: Literal["list"]
+    data: list[JobView]
 
 
 def error_statuses(*statuses: int) -> dict[int, type]:

@@ -46,8 +46,10 @@ def test_a_request_bigger_than_the_queue_bound_runs_when_the_queue_is_empty(
 def test_a_request_that_cannot_finish_in_time_is_refused_at_once(
         small_queue_server: ServerProcess) -> None:
     url = small_queue_server.url + "/v1/encode/minilm-batch-8"
-    for _ in range(12):  # forward passes to measure the model's rate by
-        assert httpx.post(url, json={"items": ["warm", "up"]}, timeout=60).status_code == 200
+    for n in range(12):  # forward passes to measure the model's rate by (new texts: a
+        # repeated one would come from the result cache, without a forward pass)
+        assert httpx.post(url, json={"items": [f"warm {n}", f"up {n}"]},
+                          timeout=60).status_code == 200
 
     async def scenario() -> tuple[httpx.Response, float, httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as client:

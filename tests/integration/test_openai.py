@@ -106,9 +106,11 @@ def test_a_full_queue_raises_rate_limit_error_with_retry_after(
     server = start_serve(bundle / "small.yaml", tmp_path)
     try:
         oai = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-        texts = [" ".join(["heron"] * 120)] * 8
+        long = " ".join(["heron"] * 120)
 
-        def call(_: int) -> str:
+        def call(n: int) -> str:
+            # Texts of their own: identical ones would be computed once (result cache).
+            texts = [f"{n} {i} {long}" for i in range(8)]
             try:
                 oai.embeddings.create(model="minilm", input=texts)
                 return "ok"

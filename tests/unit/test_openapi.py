@@ -32,6 +32,7 @@ from heron.runtime.openai_compat import parse_embeddings_request
 from heron.runtime.openapi import ApiOperation, error_codes, openapi_document
 from heron.runtime.rerank_api import parse_rerank
 from heron_sdk.errors import STATUS_BY_CODE, HeronError
+from heron_sdk.jobs import JobSpec
 from heron_sdk.pools import PoolSpec, renew_ttl
 from heron_sdk.types import (
     MAX_ITEMS_PER_REQUEST,
@@ -196,6 +197,7 @@ PARSERS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "/v2/rerank": ("RerankV2Body", lambda body: parse_rerank(body, 2)),
     "/v1/pools": ("PoolCreateBody", PoolSpec.from_wire),
     "/v1/pools/{name}/renew": ("PoolRenewBody", lambda body: renew_ttl(body, 300.0)),
+    "/v1/jobs": ("JobCreateBody", JobSpec.from_wire),
 }
 _SCHEMA = schemathesis.openapi.from_dict(GATEWAY_DOC)
 

@@ -1,0 +1,153 @@
+"""The worker's result cache against real processes: a repeated text is answered from the
+cache (equal vectors, ``cached: true``) in every dims and dtype, ``cache: false`` computes,
+64 identical concurrent requests compute the text once (metrics), and through a gateway
+and a worker following the config service, ``cached`` comes back and a config change of
+the model makes the next answer a fresh computation (worker/result_cache.py)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from heron_sdk import Client
+from tests.support.cluster_procs import ConfigProcess, WorkerProcess
+from tests.support.gateway_harness import GatewayThread, unique
+from tests.support.nats_server import NatsServer
+from tests.support.servers import ServerProcess, start_serve
+
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+ENCODE = "/v1/encode/minilm"
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    # One process: the dedup test counts one process's computations.
+    proc = start_serve("default", tmp_path_factory.mktemp("cache-serve"),
+                       extra_args=["--workers", "1"])
+    yield proc
+    proc.stop()
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """A sample of /metrics, summed over the labels not given."""
+    total = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if not line.startswith((name + "{", name + " ")):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def text() -> str:
+    return f"the heron waits in the reeds {uuid.uuid4().hex}"
+
+
+def test_a_repeated_text_is_served_from_the_cache_in_any_shape(serve: ServerProcess) -> None:
+    t = text()
+    with httpx.Client(base_url=serve.url, timeout=60) as http:
+        first = http.post(ENCODE, json={"items": [t]}).json()["items"][0]
+        again = http.post(ENCODE, json={"items": [t, {"text": t, "id": "b"}]}).json()["items"]
+        assert "cached" not in first
+        assert again[0]["cached"] is True and again[1]["cached"] is True
+        assert again[1]["id"] == "b"
+        np.testing.assert_array_equal(again[0]["dense"], first["dense"])
+        # One entry serves every dims and dtype: the same as computing them afresh.
+        for shape in ({"dims": 128}, {"output_dtype": "int8"}, {"output_dtype": "binary"},
+                      {"encoding": "base64", "output_dtype": "float16"}):
+            cached = http.post(ENCODE, json={"items": [t], **shape}).json()["items"][0]
+            fresh = http.post(ENCODE, json={"items": [t], "cache": False, **shape}
+                              ).json()["items"][0]
+            assert cached.pop("cached") is True and "cached" not in fresh
+            assert cached == fresh, shape
+        # Score reads the same entries (the text as a document: no prompt for MiniLM).
+        scored = http.post("/v1/score/minilm", json={"query": t, "items": [t]}).json()
+        assert scored["results"][0]["score"] == pytest.approx(1.0, abs=1e-5)
+    assert metric(serve.url, "heron_worker_result_cache_entries") >= 1
+    assert metric(serve.url, "heron_worker_result_cache_bytes") > 1536
+
+
+def test_cache_false_computes_and_stores_nothing(serve: ServerProcess) -> None:
+    t = text()
+    with httpx.Client(base_url=serve.url, timeout=60) as http:
+        for _ in range(2):
+            r = http.post(ENCODE, json={"items": [t, t], "cache": False})
+            assert r.status_code == 200, r.text
+            assert all("cached" not in item for item in r.json()["items"])
+        assert "cached" not in http.post(ENCODE, json={"items": [t]}).json()["items"][0]
+        bad = http.post(ENCODE, json={"items": [t], "cache": "no"})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "cache"
+    with Client(serve.url) as client:  # the SDK's option and its Embedding.cached
+        assert client.encode("minilm", [t]).items[0].cached is True
+        assert client.encode("minilm", [t], cache=False).items[0].cached is False
+
+
+def test_64_identical_concurrent_requests_compute_the_text_once(serve: ServerProcess) -> None:
+    t = text()
+    computed = ("heron_worker_items_total", {"model": MINILM})
+    misses = ("heron_worker_result_cache_items_total", {"result": "miss"})
+    before = [metric(serve.url, name, **labels) for name, labels in (computed, misses)]
+    with httpx.Client(base_url=serve.url, timeout=60,
+                      limits=httpx.Limits(max_connections=64)) as http, \
+            ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(lambda _: http.post(ENCODE, json={"items": [t]}), range(64)))
+    assert all(a.status_code == 200 for a in answers)
+    items = [a.json()["items"][0] for a in answers]
+    assert sum("cached" not in i for i in items) == 1  # the one request that computed it
+    assert all(i["dense"] == items[0]["dense"] for i in items)
+    after = [metric(serve.url, name, **labels) for name, labels in (computed, misses)]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1]
+
+
+def _encode(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    r = httpx.post(url + ENCODE, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["items"][0]
+
+
+def test_through_a_gateway_and_after_a_config_change(
+        nats_server: NatsServer, config_service: ConfigProcess, tmp_path: Path) -> None:
+    pool = unique("cache")
+    worker = WorkerProcess(nats_server.url, pool, tmp_path,
+                           extra_args=["--config", config_service.url])
+    gateway = GatewayThread(nats_server.url, {"default": pool})
+    try:
+        worker.wait_ready()
+        gateway.start()
+        deadline = time.monotonic() + 60
+        while not gateway.gateway.health.has_capacity(pool):  # the worker's first beat
+            assert time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.1)
+        t = text()
+        first = _encode(gateway.url, {"items": [t]})
+        again = _encode(gateway.url, {"items": [t]})
+        assert "cached" not in first and again["cached"] is True
+        assert again["dense"] == first["dense"]
+        assert "cached" not in _encode(gateway.url, {"items": [t], "cache": False})
+
+        # A config change of the model (the config service only adds: a new profile).
+        config = httpx.get(f"{config_service.url}/v1/configs/models/{MINILM}",
+                           timeout=10).json()["model"]
+        config["profiles"]["short"] = {"max_sequence_length": 128}
+        r = httpx.post(config_service.url + "/v1/configs/models", json=config, timeout=10)
+        assert r.status_code == 201, r.text
+        deadline = time.monotonic() + 30
+        while worker.metric("heron_worker_config_epoch") < r.json()["epoch"]:
+            assert time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.2)
+        after = _encode(gateway.url, {"items": [t]})
+        assert "cached" not in after  # computed again under the new config
+        np.testing.assert_allclose(after["dense"], first["dense"], atol=1e-6)
+        assert _encode(gateway.url, {"items": [t]})["cached"] is True
+        assert worker.metric("heron_worker_result_cache_evictions_total") >= 1
+    finally:
+        gateway.stop()
+        worker.stop()
