@@ -67,7 +67,10 @@ def test_two_processes_serve_one_port_and_report_all_requests(
             time.sleep(0.05)
         vectors, served = [], 40
         for _ in range(served):  # a new connection each time: either process may answer
-            r = httpx.post(server.url + "/v1/encode/t/tiny", json={"items": ["same text"]},
+            # cache false: every request computed by the process that took it (a repeat
+            # would be the result cache's answer, not a computed item).
+            r = httpx.post(server.url + "/v1/encode/t/tiny",
+                           json={"items": ["same text"], "cache": False},
                            headers={"Connection": "close"}, timeout=30)
             assert r.status_code == 200, r.text
             vectors.append(r.json()["items"][0]["dense"])
