@@ -97,7 +97,7 @@ class ModelRunner:
         # The worker's result cache (None or disabled: every item is computed). Extract is
         # not cached: its items carry labels and character offsets beyond their tokens.
         self.results = results if results is not None and results.enabled and \
-            adapter.task != "extract" else None
+            adapter.task != "extract" and adapter.cacheable else None
         self.cache_scope = f"{adapter.config.id}#{next(_SCOPES)}"
         self._flights: dict[Key, _Flight] = {}
 

@@ -112,6 +112,8 @@ class Adapter(ABC):
     accepts_token_ids: ClassVar[bool] = True
     # Encode and score take image items (heron.worker.images.ImageInput in ``tokenize``).
     accepts_images: ClassVar[bool] = False
+    # Answers may come from the worker's result cache (heron.worker.result_cache).
+    cacheable: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # One source of truth: the torch-free gateway routes by the same table entry.
