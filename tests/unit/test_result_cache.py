@@ -85,7 +85,7 @@ class CountingAdapter:
     """A stand-in model: its output is its input ids as floats; counts what it computes
     and can hold a forward pass until released."""
 
-    name, task, packed = "fake", "encode", False
+    name, task, packed, cacheable = "fake", "encode", False, True
 
     def __init__(self) -> None:
         self.config = SimpleNamespace(id="m")
