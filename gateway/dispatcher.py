@@ -99,6 +99,17 @@ class WorkRequest:
     # encode/extract: a slice that fails server-side (5xx) becomes per-item errors and the
     # rest is answered; score and OpenAI bodies have no place for per-item errors.
     partial: bool = False
+    # A bulk job's shard: published on the pool's bulk lane (heron.runtime.nats_names),
+    # which workers pull only while no interactive work waits; never coalesced; counted in
+    # a backlog of its own, so interactive admission does not see it ahead of itself.
+    bulk: bool = False
+    # Each item's weight in admission and the backlog (gateway/slicing.chunk_weights: a
+    # chunked item's estimated chunks); None: one each.
+    weights: list[int] | None = None
+
+    def cost(self) -> int:
+        """Items this request counts as in admission and the pool's backlog."""
+        return len(self.items) if self.weights is None else sum(self.weights)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +127,9 @@ class GroupKey:
 @dataclass(slots=True)
 class _Pending:
     reassembly: Reassembly
-    pool: str
+    load: PoolLoad  # the backlog it counts in (its pool's, or its pool's bulk lane's)
     done: asyncio.Future[None]
-    items: int  # all the request's items
+    items: int  # all the request's items, weighted (WorkRequest.cost)
     slices: int  # its work items
     answered: int = 0  # items whose slice's result arrived (no longer outstanding)
     answered_slices: int = 0
@@ -127,6 +138,11 @@ class _Pending:
     # no result has told its worker's time.
     unaccounted_s: float | None = None
     group: str | None = None  # the inbox key of the shared work item it went in
+    weights: list[int] | None = None  # WorkRequest.weights
+
+    def weight(self, start: int, count: int) -> int:
+        """Items ``start .. start + count - 1`` as they count in the backlog."""
+        return count if self.weights is None else sum(self.weights[start:start + count])
 
 
 @dataclass(slots=True)
@@ -145,8 +161,9 @@ class Dispatcher:
         self.settings = settings
         self.metrics = metrics
         self._pending: dict[str, _Pending] = {}
-        # pool -> its backlog (items and work items published, not answered) and drain rate
-        self._loads: dict[str, PoolLoad] = {}
+        # (pool, bulk lane?) -> its backlog (items and work items published, not answered)
+        # and drain rate
+        self._loads: dict[tuple[str, bool], PoolLoad] = {}
         self.publisher = WorkPublisher(link, settings, metrics, self.nats_unavailable)
         self.coalescer = Coalescer(
             max_wait_s=settings.coalesce_max_wait_s, max_items=settings.coalesce_max_items,
@@ -156,15 +173,15 @@ class Dispatcher:
         self._flying: dict[str, int] = {}  # pool -> its shared work items in self._groups
         self._sending: set[asyncio.Task[None]] = set()  # held: the loop keeps weak refs
 
-    def load(self, pool: str) -> PoolLoad:
-        load = self._loads.get(pool)
+    def load(self, pool: str, bulk: bool = False) -> PoolLoad:
+        load = self._loads.get((pool, bulk))
         if load is None:
-            load = self._loads[pool] = PoolLoad(self.settings.admission_min_samples)
+            load = self._loads[pool, bulk] = PoolLoad(self.settings.admission_min_samples)
         return load
 
     def outstanding(self, pool: str) -> int:
-        load = self._loads.get(pool)
-        return load.items if load is not None else 0
+        """Items of the pool published and not answered yet, both lanes."""
+        return sum(load.items for (name, _), load in self._loads.items() if name == pool)
 
     def nats_unavailable(self, why: str) -> HeronError:
         return HeronError(ErrorCode.NATS_UNAVAILABLE, why,
@@ -180,21 +197,22 @@ class Dispatcher:
                              max_tokens=self.settings.max_tokens_per_work_item,
                              max_payload=max_payload, shared_text=work.shared_text)
         remaining = self._remaining(work)
+        load = self.load(work.pool, work.bulk)
         coalesce = len(slices) == 1 and self._coalescable(work, remaining)
         # A shared work item is encoded when its group leaves (its bytes were estimated).
         encoded = [] if coalesce else encode_slices(work.wire_body, slices, max_payload)
         pieces = slices if coalesce else [s for s, _ in encoded]
-        self._admit(work, len(pieces), remaining)
+        self._admit(work, load, len(pieces), remaining)
 
         inbox_key = new_request_id()
         reply = reply_subject(self.gateway_id, inbox_key)
         deadline = time.time() + remaining  # wall clock: workers compare it with theirs
         pending = _Pending(Reassembly(work.request_id, pieces, partial=work.partial),
-                           work.pool, asyncio.get_running_loop().create_future(),
-                           len(work.items), len(pieces))
+                           load, asyncio.get_running_loop().create_future(),
+                           work.cost(), len(pieces), weights=work.weights)
         self._pending[inbox_key] = pending
-        busy = self.load(work.pool).slices > 0  # other requests of this gateway outstanding
-        self._add_outstanding(work.pool, len(work.items), len(pieces))
+        busy = load.slices > 0  # other requests of this gateway outstanding
+        load.published(pending.items, len(pieces), time.monotonic())
         timings = pending.reassembly.gateway_timings
         try:
             if coalesce:
@@ -204,7 +222,8 @@ class Dispatcher:
                 with telemetry.span(telemetry.GATEWAY, "publish", kind=SpanKind.PRODUCER,
                                     attributes={"messaging.system": "nats",
                                                 "messaging.destination.name":
-                                                    work_subject(work.pool, work.model_id),
+                                                    work_subject(work.pool, work.model_id,
+                                                                 work.bulk),
                                                 "heron.work_items": len(encoded)}):
                     await self._publish(work, reply, deadline, encoded)
                 timings["publish"] = time.monotonic() - pending.published_at
@@ -253,11 +272,12 @@ class Dispatcher:
                 return
         raise self.nats_unavailable("not connected to NATS; retry shortly")
 
-    def _admit(self, work: WorkRequest, slices: int, remaining: float) -> None:
+    def _admit(self, work: WorkRequest, load: PoolLoad, slices: int, remaining: float
+               ) -> None:
         """429 QUEUE_FULL unless the request can be done within ``remaining`` seconds."""
         settings = self.settings  # (the bound on requests in flight is the front's)
-        refusal = self.load(work.pool).refusal(
-            len(work.items), slices, remaining, work.timeout_s,
+        refusal = load.refusal(
+            work.cost(), slices, remaining, work.timeout_s,
             settings.max_outstanding_items_per_pool,
             settings.admission_cold_rate_per_worker * max(1, work.workers))
         if refusal is not None:
@@ -273,7 +293,7 @@ class Dispatcher:
         # Chunking: an item is many rows already, and the worker bounds the chunks of what
         # it computes as one request: members that each fit could not fit together.
         return (work.task in COALESCED_TASKS and settings.coalesce_max_items > 1
-                and "chunking" not in work.wire_body
+                and not work.bulk and "chunking" not in work.wire_body
                 and 2 * len(work.items) <= settings.coalesce_max_items
                 and remaining > COALESCE_MIN_DEADLINE_WINDOWS * settings.coalesce_max_wait_s)
 
@@ -384,7 +404,7 @@ class Dispatcher:
 
     async def _publish(self, work: WorkRequest, reply: str, deadline: float,
                        encoded: list[tuple[Slice, bytes]]) -> None:
-        subject = work_subject(work.pool, work.model_id)
+        subject = work_subject(work.pool, work.model_id, work.bulk)
         # Retries stop at the deadline or after publish_retry_max_s, whichever comes first.
         give_up_at = time.monotonic() + min(self._remaining(work),
                                             self.settings.publish_retry_max_s)
@@ -439,15 +459,16 @@ class Dispatcher:
         """One result for one request's slice: reassemble it, count it, finish the wait."""
         outcome = pending.reassembly.add(result)
         if outcome in (Added.ACCEPTED, Added.COMPLETE):
-            pending.answered += result.count
+            weight = pending.weight(result.start, result.count)
+            pending.answered += weight
             pending.answered_slices += 1
-            load = self.load(pending.pool)
+            load = pending.load
             if result.error is None:  # the rate is of work done, not of refusals
                 batch_s = result.timings.get("inference") if result.timings else None
-                load.answered(result.count, 1, arrived,
+                load.answered(weight, 1, arrived,
                               batch_s if isinstance(batch_s, int | float) else None)
             else:
-                load.abandoned(result.count, 1, arrived)
+                load.abandoned(weight, 1, arrived)
             worker_s = result.timings.get("total") if result.timings else None
             if isinstance(worker_s, int | float):  # the last slice's: see Reassembly.timings
                 pending.unaccounted_s = max(0.0, arrived - pending.published_at - worker_s)
@@ -465,18 +486,15 @@ class Dispatcher:
                 if sent.live <= 0:  # nobody waits for that work item's result any more
                     self._landed(self._groups.pop(pending.group))  # type: ignore[arg-type]
             # Slices still unanswered stop counting: workers drop them past the deadline.
-            self.load(pending.pool).abandoned(pending.items - pending.answered,
+            pending.load.abandoned(pending.items - pending.answered,
                                               pending.slices - pending.answered_slices,
                                               time.monotonic())
 
-    def _add_outstanding(self, pool: str, items: int, slices: int) -> None:
-        self.load(pool).published(items, slices, time.monotonic())
-
     def show_outstanding(self) -> None:
-        """The outstanding-items gauge of every pool, set when /metrics is read (not on
-        every request)."""
-        for pool, load in self._loads.items():
-            self.metrics.outstanding.labels(pool).set(load.items)
+        """The outstanding-items gauge of every pool (both lanes), set when /metrics is
+        read (not on every request)."""
+        for pool in {name for name, _ in self._loads}:
+            self.metrics.outstanding.labels(pool).set(self.outstanding(pool))
 
     def pending_requests(self) -> int:
         return len(self._pending)

@@ -5,12 +5,16 @@ no reads of the whole bucket) and looks at it every second, and at once when a r
 arrives. A job that is not finished and whose lease has
 lapsed (new, or its gateway died) is claimed with a compare-and-set write; the claimer then:
 
-1. reads the input (heron/runtime/job_files.py) and lists the part files already written:
-   those shards are done, by an earlier run, and are not computed again;
-2. encodes each missing shard through the gateway's own dispatch path (``encode_rows``: the
-   work items of an encode request, at ``job_priority``, below interactive requests, which
-   workers take first), at most ``job_shards_in_flight`` shards at a time over all of this
-   gateway's jobs, so a job uses capacity that is idle and never much of a pool's backlog;
+1. indexes the input (heron/runtime/job_input.py: one pass that keeps where each shard's
+   rows begin, not the rows) and lists the part files already written: those shards are
+   done, by an earlier run, and are neither read nor computed again;
+2. reads each missing shard's rows when it computes that shard, and encodes them through
+   the gateway's own dispatch path (``encode_rows``: the work items of an encode request,
+   at ``job_priority``, below interactive requests, which workers take first), at most
+   ``job_shards_in_flight`` shards at a time over all of this gateway's jobs, so a job
+   uses capacity that is idle and never much of a pool's backlog. A job holds the rows of
+   at most twice that many shards (those in flight, those read and waiting for a slot):
+   its memory is bounded by its shards in flight, whatever its input's size;
 3. writes each finished shard as one part file (atomically) and counts it;
 4. renews its lease every third of ``job_lease_s`` with the counters; a renewal that finds
    the job cancelled, or owned by another gateway, stops the run (a run that cannot renew
@@ -37,20 +41,18 @@ from heron.gateway.job_store import JobMirror, JobRecord, JobStore, StaleRecord
 from heron.gateway.reassembly import ITEM_INDEX
 from heron.runtime.backend import Provisioning
 from heron.runtime.job_files import (
-    Location,
     PartStore,
     PathPolicy,
     Rows,
     ShardPlan,
     done_shards,
     encode_part,
-    parse_rows,
     part_name,
     parts_of,
-    read_bytes,
 )
-from heron.runtime.job_output import write_output
-from heron_sdk.errors import STATUS_BY_CODE, ErrorCode, HeronError, invalid_field
+from heron.runtime.job_input import ShardedInput, open_input
+from heron.runtime.job_output import Columns, write_output
+from heron_sdk.errors import STATUS_BY_CODE, ErrorCode, HeronError
 from heron_sdk.jobs import JobSpec
 from heron_sdk.types import EncodeRequest
 
@@ -231,37 +233,67 @@ class JobRun:
         spec, policy = self.spec, self.loop.policy
         source = policy.check(spec.input.uri, "input.uri")  # this gateway's own policy
         output = policy.check(spec.output.uri, "output.uri")
-        rows = await asyncio.to_thread(_read_rows, source, spec)
-        plan = self.plan = ShardPlan(len(rows.ids), self.record.shard_rows)
-        parts = parts_of(output, self.record.id)
-        self.done = {i: f for i, f in done_shards(await asyncio.to_thread(parts.names)).items()
-                     if i < plan.count}
-        self._rows_at_start = plan.rows_of(self.done)
-        self._started = time.monotonic()
-        self._count()
-        await _all_or_none([self._shard(i, rows, parts) for i in plan.missing(self.done)])
+        sharded = await asyncio.to_thread(open_input, source, spec.input.format,
+                                          spec.input.text_field, spec.input.id_field,
+                                          self.record.shard_rows)
+        try:
+            plan = self.plan = sharded.plan
+            parts = parts_of(output, self.record.id)
+            self.done = {i: f for i, f in
+                         done_shards(await asyncio.to_thread(parts.names)).items()
+                         if i < plan.count}
+            self._rows_at_start = plan.rows_of(self.done)
+            self._started = time.monotonic()
+            self._count()
+            await self._compute(plan.missing(self.done), sharded, parts)
+        finally:
+            await asyncio.to_thread(sharded.close)
         request = spec.encode_request([])
         await asyncio.to_thread(write_output, output, spec.output.format, parts, plan,
-                                self.done, request.output_types, request.output_dtype)
+                                self.done, Columns.of(request), request.output_dtype)
         if await self._finish("succeeded", None):
             await asyncio.to_thread(parts.clear)
 
+    async def _compute(self, missing: list[int], sharded: ShardedInput,
+                       parts: PartStore) -> None:
+        """Every missing shard, its rows read when it is computed: ``2 *
+        job_shards_in_flight`` workers take the shards in order, so at most that many of
+        this job's shards hold their rows at once (a Parquet input's reads one at a time,
+        in shard order: its cursor moves forward). The first to fail stops the others."""
+        todo = iter(missing)
+        reading: contextlib.AbstractAsyncContextManager[Any] = \
+            asyncio.Lock() if sharded.ordered else contextlib.nullcontext()
+
+        async def worker() -> None:
+            for index in todo:  # shared: each shard is taken by one worker
+                async with reading:
+                    rows = await asyncio.to_thread(sharded.read, index)
+                await self._shard(index, rows, parts)
+                del rows
+
+        workers = min(len(missing), 2 * self.settings.job_shards_in_flight)
+        await _all_or_none([worker() for _ in range(workers)])
+
     # ---- one shard -------------------------------------------------------------------------
     async def _shard(self, index: int, rows: Rows, parts: PartStore) -> None:
+        """Encode shard ``index``, whose rows (``rows.first`` its first) were read, and
+        write its part."""
         assert self.plan is not None and self.loop._shards is not None
         start, end = self.plan.bounds(index)
+        assert rows.first == start and len(rows.ids) == end - start, (index, rows.first)
         out: list[dict[str, Any] | None] = [
-            {"error": rows.errors[row]} if rows.texts[row] is None else None
-            for row in range(start, end)]
+            {"error": rows.errors[k]} if rows.texts[k] is None else None
+            for k in range(end - start)]
         server_failures = 0
         waits = 0
+        columns = Columns.of(self.spec.encode_request([]))
         while True:
             pending = [k for k, row in enumerate(out) if row is None]
             if not pending:
                 break
             try:
                 request = EncodeRequest.from_wire({  # an item's own 422 fails its row
-                    **self.spec.options, "items": [rows.texts[start + k] for k in pending]})
+                    **self.spec.options, "items": [rows.texts[k] for k in pending]})
                 request.options.priority = self.settings.job_priority
                 request.options.timeout_s = self.settings.job_shard_timeout_s
                 async with self.loop._shards:
@@ -286,10 +318,9 @@ class JobRun:
                 await asyncio.sleep(_backoff(server_failures, None))
                 continue
             for k, row in zip(pending, answered, strict=True):
-                out[k] = _kept(row, request.output_types)
-        ids = rows.ids[start:end]
+                out[k] = columns.kept(row)
         failed = sum("error" in row for row in out if row is not None)
-        data = encode_part(ids, [row or {} for row in out])
+        data = encode_part(rows.ids, [row or {} for row in out])
         await asyncio.to_thread(parts.put, part_name(index, failed), data)
         self.done[index] = failed
         self._count()
@@ -378,14 +409,6 @@ class JobRun:
         return False
 
 
-def _read_rows(source: Location, spec: JobSpec) -> Rows:
-    try:
-        data = read_bytes(source)
-    except Exception as exc:  # gone since the job was made, unreadable, S3 refusing
-        raise invalid_field("input.uri", f"cannot read the input: {exc}") from None
-    return parse_rows(data, spec.input.format, spec.input.text_field, spec.input.id_field)
-
-
 async def _all_or_none(coros: list[Any]) -> None:
     """Run them all; the first to fail cancels the rest and is raised."""
     tasks = [asyncio.ensure_future(c) for c in coros]
@@ -410,9 +433,3 @@ def _server_error(row: Any) -> bool:
     error = row.get("error") if isinstance(row, dict) else None
     return isinstance(error, dict) and STATUS_BY_CODE.get(error.get("code"), 500) >= 500  # type: ignore[call-overload]
 
-
-def _kept(row: dict[str, Any], output_types: tuple[str, ...]) -> dict[str, Any]:
-    """What the output keeps of a row: its vectors, or its error."""
-    if "error" in row:
-        return {"error": row["error"]}
-    return {kind: row[kind] for kind in output_types if kind in row}

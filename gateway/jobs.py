@@ -62,6 +62,10 @@ class GatewayJobs:
             raise HeronError(ErrorCode.UNSUPPORTED_OUTPUT, "output.format: npy holds dense "
                              "vectors only (output_types: [\"dense\"]); use parquet or jsonl",
                              field="output.format")
+        if spec.output.format == "npy" and encode.chunking is not None \
+                and encode.chunking.pool is None:
+            raise invalid_field("output.format", 'npy holds one vector a row: with '
+                                '"chunking", it needs "pool": "mean" (or parquet, jsonl)')
         source = self.policy.check(spec.input.uri, "input.uri")
         output = self.policy.check(spec.output.uri, "output.uri")
         if spec.output.format == "npy":  # the ids and errors go beside the array

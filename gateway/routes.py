@@ -41,6 +41,7 @@ from heron.gateway.pools import GatewayPools
 from heron.gateway.reassembly import Reassembly, merge_items, merge_scores
 from heron.gateway.registry import ModelRoute, RouteTable, check_encode_outputs, describe
 from heron.gateway.settings import GatewaySettings
+from heron.gateway.slicing import chunk_weights
 from heron.gateway.status_page import ClusterStatusPage, subscribe_supervisor_events
 from heron.runtime import api_types as api
 from heron.runtime import telemetry
@@ -251,7 +252,8 @@ class GatewayApp:
 
     async def _dispatch(self, route: ModelRoute, task: str, wire_body: dict[str, Any],
                         items: list[Item], options: RequestOptions, call: InferenceCall,
-                        shared_text: str = "", partial: bool = False) -> Reassembly:
+                        shared_text: str = "", partial: bool = False, bulk: bool = False,
+                        weights: list[int] | None = None) -> Reassembly:
         lora_source(route.config, options.adapter)  # 404 for an adapter it does not list
         timeout_s = options.timeout_s or self.settings.default_timeout_s
         # First: with NATS away, heartbeats stop too, and the pool would look cold (202).
@@ -264,7 +266,7 @@ class GatewayApp:
             pool=route.pool, task=task, model_id=route.model_id, wire_body=wire_body,
             items=items, timeout_s=timeout_s, received_at=call.received_at,
             priority=options.priority, workers=len(self.health.healthy(route.pool)),
-            shared_text=shared_text, partial=partial))
+            shared_text=shared_text, partial=partial, bulk=bulk, weights=weights))
 
     async def _require_capacity(self, route: ModelRoute) -> None:
         pool = route.pool
@@ -294,7 +296,7 @@ class GatewayApp:
         # All or nothing (OpenAI embeddings): any failed slice fails the call.
         partial = not call.all_or_nothing
         done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options,
-                                    call, partial=partial)
+                                    call, partial=partial, weights=_chunk_weights(route, req))
         failures = done.failures() if partial else ()
         body = merge_items(route.model_id, done.parts(), done.expected, failures)
         settle_item_errors(body, call)
@@ -308,12 +310,14 @@ class GatewayApp:
 
     async def encode_rows(self, model: str, req: EncodeRequest) -> dict[str, Any]:
         """A bulk job's shard (gateway/job_runner.py): encode's dispatch path as an internal
-        call, at the request's own priority. Every item's error stays in its row, even
-        when no item succeeded: the job records failed rows, it does not fail."""
+        call, on the pool's bulk lane, at the request's own priority. Every item's error
+        stays in its row, even when no item succeeded: the job records failed rows, it
+        does not fail."""
         call = InferenceCall(headers={})
         route = self.job_route(model, req)
         done = await self._dispatch(route, "encode", req.to_wire(), req.items, req.options,
-                                    call, partial=True)
+                                    call, partial=True, bulk=True,
+                                    weights=_chunk_weights(route, req))
         return merge_items(route.model_id, done.parts(), done.expected, done.failures())
 
     async def score(self, model: str, req: ScoreRequest, call: InferenceCall) -> Answer:
@@ -423,7 +427,9 @@ class GatewayApp:
             self.gateway_id, self.health, self.registry, self.pools,
             outstanding=self.dispatcher.outstanding, pending_demand=self.demand.pending,
             nats_connected=lambda: self.link.connected,
-            ready=lambda: self.link.ready and self.registry.loaded)
+            ready=lambda: self.link.ready and self.registry.loaded,
+            # .records, not the dict itself: the mirror swaps in a new one on a resync.
+            jobs=lambda: (record for record, _ in self.jobs.loop.mirror.records.values()))
         self.status_page = page
         routes = [
             Route("/v1/pools", self.pools.create, methods=["POST"]),
@@ -449,6 +455,10 @@ class GatewayApp:
                                   image_url_timeout_s=self.settings.image_url_timeout_s)
         app.state.gateway = self  # tests and `heron up` reach the live object through here
         return app
+
+
+def _chunk_weights(route: ModelRoute, req: EncodeRequest) -> list[int] | None:
+    return chunk_weights(req.items, req.chunking, route.config.profile.max_sequence_length)
 
 
 def default_gateway_id() -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from heron_sdk import wire
+from heron_sdk.chunking import ChunkingOptions
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.types import Item
 
@@ -42,6 +43,25 @@ class Slice:
 
 def estimate_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+# A chunk's tokens when the request leaves chunking.max_tokens to the model and its config
+# names no limit (the worker knows the model's own: MiniLM's 256 less [CLS] and [SEP]).
+CHUNK_TOKENS_UNKNOWN = 254
+
+
+def chunk_weights(items: Sequence[Item], chunking: ChunkingOptions | None,
+                  max_sequence_length: int | None) -> list[int] | None:
+    """Each item's estimated chunks, for admission and the backlog (None: not chunked,
+    an item each). A chunked item is computed as that many items: counted as one, a
+    request of a few long documents was admitted against a backlog it outweighed."""
+    if chunking is None:
+        return None
+    window = chunking.max_tokens or (
+        max_sequence_length - 2 if max_sequence_length else CHUNK_TOKENS_UNKNOWN)
+    step = max(1, window - chunking.overlap)
+    return [max(1, math.ceil(max(0, estimate_tokens(item.text) - chunking.overlap) / step))
+            for item in items]
 
 
 def item_tokens(item: Item) -> int:

@@ -8,18 +8,23 @@ which it computes recent throughput), pending demand, its own backlog, and the l
 and restarts ``heron up`` reported on NATS (``SupervisorEventLog``). The feed is
 one-way: what a client sends is read and ignored, so a client can neither stall nor break
 it. Like /readyz and /metrics the page needs no API key: it shows no request contents.
+
+It also shows bulk jobs' progress, from the records every gateway mirrors from the jobs
+bucket (gateway/job_store.py ``JobMirror``): the unfinished jobs and the last finished
+ones, whichever gateway runs them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import json
 import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +36,12 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from heron.gateway.health import THROUGHPUT_WINDOW_S, WorkerBeat, WorkerHealth
+from heron.gateway.job_store import JobRecord
 from heron.gateway.pools import GatewayPools
 from heron.gateway.registry import RouteTable
 from heron.runtime.nats_names import SUPERVISOR_EVENTS
 from heron_sdk import wire
+from heron_sdk.jobs import STATES as JOB_STATES
 
 log = logging.getLogger("heron.gateway.status_page")
 
@@ -57,6 +64,11 @@ MAX_CLIENTS = 64  # each open page holds a socket and a task; more get close cod
 SNAPSHOT_VERSION = 1
 SUPERVISOR_EVENTS_KEPT = 20  # the last deaths and restarts of `heron up`'s children shown
 CAUSE_MAX_CHARS = 1000  # an event's cause (log lines) as shown; the full log is on disk
+# Jobs shown: the snapshot stays small however many jobs the bucket holds (finished ones
+# are kept a week). job_counts still counts them all.
+JOBS_UNFINISHED_SHOWN = 50
+JOBS_FINISHED_SHOWN = 10
+JOB_TEXT_MAX_CHARS = 300  # a model name or output URI as shown (the record is anyone's)
 # The page runs only its own script and style and talks only to this gateway.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
@@ -70,13 +82,15 @@ SECURITY_HEADERS = {
 class ClusterStatusPage:
     """Builds cluster snapshots from what the gateway tracks and serves the page and its
     feed: ``outstanding`` and ``pending_demand`` give a pool's backlog and recent 202s,
-    ``nats_connected`` and ``ready`` the gateway's NATS link and /readyz verdict."""
+    ``nats_connected`` and ``ready`` the gateway's NATS link and /readyz verdict, ``jobs``
+    every bulk job's record this gateway knows of (its job mirror)."""
 
     def __init__(self, gateway_id: str, health: WorkerHealth, registry: RouteTable,
                  pools: GatewayPools, *, outstanding: Callable[[str], int],
                  pending_demand: Callable[[str], int], nats_connected: Callable[[], bool],
                  ready: Callable[[], bool],
-                 supervisor_events: SupervisorEventLog | None = None) -> None:
+                 supervisor_events: SupervisorEventLog | None = None,
+                 jobs: Callable[[], Iterable[JobRecord]] | None = None) -> None:
         self.gateway_id = gateway_id
         self.health = health
         self.registry = registry
@@ -86,6 +100,7 @@ class ClusterStatusPage:
         self._nats_connected = nats_connected
         self._ready = ready
         self.supervisor_events = supervisor_events or SupervisorEventLog()
+        self._jobs = jobs or (lambda: ())
         self.clients = 0
         self._files = {name: (STATIC_DIR / name).read_bytes() for name in (PAGE, *ASSETS)}
         self._cached: tuple[float, str] | None = None  # (monotonic time, encoded snapshot)
@@ -139,7 +154,8 @@ class ClusterStatusPage:
                 "heartbeat_timeout_s": health.timeout_s,
                 "throughput_window_s": THROUGHPUT_WINDOW_S,
                 "pools": pools, "workers": workers, "models": models,
-                "supervisor_events": self.supervisor_events.recent()}
+                "supervisor_events": self.supervisor_events.recent(),
+                **jobs_section(self._jobs())}
 
     def _worker(self, beat: WorkerBeat, now: float, items_per_s: float,
                 model_items_per_s: dict[str, float]) -> dict[str, Any]:
@@ -208,6 +224,56 @@ class ClusterStatusPage:
                     and websocket.client_state == WebSocketState.CONNECTED):
                 with contextlib.suppress(Exception):  # it may be going at this very moment
                     await websocket.close()
+
+
+def jobs_section(records: Iterable[JobRecord]) -> dict[str, Any]:
+    """The snapshot's ``jobs`` (bounded) and ``job_counts`` (every job, by state). Jobs:
+    the unfinished ones in the order they run (running, then queued, oldest first: the job
+    loops take queued jobs oldest first), then the last JOBS_FINISHED_SHOWN finished ones,
+    newest first."""
+    counts = dict.fromkeys(JOB_STATES, 0)
+    unfinished: list[JobRecord] = []
+    finished: list[JobRecord] = []
+    for record in records:
+        if record.state in counts:
+            counts[record.state] += 1
+        (finished if record.finished else unfinished).append(record)
+    unfinished.sort(key=lambda r: (r.state != "running", r.created_at, r.id))
+    newest = heapq.nlargest(JOBS_FINISHED_SHOWN, finished,
+                            key=lambda r: (r.finished_at or r.updated_at, r.id))
+    shown = unfinished[:JOBS_UNFINISHED_SHOWN] + newest
+    return {"jobs": [_job(r) for r in shown], "job_counts": counts}
+
+
+def _job(record: JobRecord) -> dict[str, Any]:
+    spec = record.spec if isinstance(record.spec, dict) else {}
+    output = spec.get("output")
+    uri = output.get("uri") if isinstance(output, dict) else None
+    error = record.error if isinstance(record.error, dict) else {}
+    return {
+        "id": record.id[:JOB_TEXT_MAX_CHARS], "model": _text(spec.get("model")),
+        "state": record.state, "rows_total": record.rows_total,
+        "rows_done": record.rows_done, "rows_failed": record.rows_failed,
+        "percent": job_percent(record), "rows_per_s": record.rows_per_s,
+        "eta_s": record.eta_s, "owner": _text(record.owner), "output_uri": _text(uri),
+        # The code only: a message may quote the input, and the page needs no API key.
+        "error_code": _text(error.get("code")) if record.state == "failed" else None,
+        "created_at": record.created_at, "finished_at": record.finished_at}
+
+
+def job_percent(record: JobRecord) -> float | None:
+    """Rows done (failed ones included) of the rows total, floored to 0.1 so 100 means
+    every row; None until the input has been read (its size is unknown)."""
+    total = record.rows_total
+    if total is None:
+        return None
+    if total <= 0:
+        return 100.0
+    return min(100.0, math.floor(1000 * record.rows_done / total) / 10)
+
+
+def _text(value: object) -> str | None:
+    return value[:JOB_TEXT_MAX_CHARS] if isinstance(value, str) else None
 
 
 class SupervisorEventLog:

@@ -31,7 +31,7 @@ DEFAULT_TEXT_FIELD = "text"
 # POST /v1/encode). priority, timeout_s and encoding are the job's own: its shards go at
 # the gateway's job priority and deadline, and vectors are kept as arrays.
 JOB_OPTION_FIELDS = frozenset({"truncate", "adapter", "output_types", "output_dtype", "dims",
-                               "is_query", "instruction", "input_type"})
+                               "is_query", "instruction", "input_type", "chunking", "cache"})
 JOB_FIELDS = frozenset({"model", "task", "input", "output"}) | JOB_OPTION_FIELDS
 INPUT_FIELDS = frozenset({"uri", "format", "text_field", "id_field"})
 OUTPUT_FIELDS = frozenset({"uri", "format"})
@@ -133,9 +133,15 @@ AsyncRequest = Callable[[str, str, dict[str, Any] | None, tuple[int, ...]], Awai
 
 def create_body(model: str, input: Mapping[str, Any], output: Mapping[str, Any], task: str,
                 options: Mapping[str, Any]) -> dict[str, Any]:
-    """The body of ``POST /v1/jobs``, checked as the gateway checks it (422 here)."""
+    """The body of ``POST /v1/jobs``, checked as the gateway checks it (422 here).
+    ``chunking`` may be a ``ChunkingOptions``, its wire dict, or True (its defaults)."""
     body = {"model": model, "task": task, "input": dict(input), "output": dict(output),
             **options}
+    if "chunking" in options:
+        from heron_sdk.chunking import ChunkingOptions  # it builds on heron_sdk.types
+
+        chunking = ChunkingOptions.of(options["chunking"])
+        body["chunking"] = None if chunking is None else chunking.to_wire()
     JobSpec.from_wire(body)
     return body
 
@@ -239,7 +245,8 @@ class Jobs:
                task: str = "encode", **options: Any) -> Job:
         """Start a job: ``input={"uri": "file:///data/in.jsonl", "format": "jsonl",
         "text_field": "text", "id_field": "id"}``, ``output={"uri": ..., "format":
-        "parquet"}``, and encode's options (``output_types``, ``dims``, ...)."""
+        "parquet"}``, and encode's options (``output_types``, ``dims``, ``chunking``,
+        ``cache``...)."""
         body = create_body(model, input, output, task, options)
         return Job(self, self._request("POST", "/v1/jobs", body, (202,)))
 

@@ -31,6 +31,7 @@ import torch
 import yaml
 from hypothesis import settings
 
+from heron.gateway.settings import GatewaySettings
 from tests.support.cluster_procs import ConfigProcess
 from tests.support.gateway_harness import GatewayThread, start_worker, unique
 from tests.support.nats_server import NatsServer
@@ -156,15 +157,22 @@ def config_service(nats_server: NatsServer, tmp_path: Path) -> Iterator[ConfigPr
 
 
 @pytest.fixture(scope="session")
-def cluster_url(nats_server: NatsServer, test_bundle: Path,
+def cluster_job_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where ``cluster_url``'s gateway may read and write bulk jobs' files."""
+    return tmp_path_factory.mktemp("cluster-jobs")
+
+
+@pytest.fixture(scope="session")
+def cluster_url(nats_server: NatsServer, test_bundle: Path, cluster_job_root: Path,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A gateway routing the test bundle (MiniLM, splade-tiny, the tiny models: the same
     bundle the session's `heron serve` runs) to a pool with one real worker: the cluster
-    twin of ``base_url``."""
+    twin of ``base_url``. Its bulk jobs may use ``cluster_job_root``."""
     pool = unique("e2e")
     worker = start_worker(nats_server.url, pool, test_bundle,
                           tmp_path_factory.mktemp("e2e-logs"))
-    gateway = GatewayThread(nats_server.url, {str(test_bundle): pool}).start()
+    gateway = GatewayThread(nats_server.url, {str(test_bundle): pool},
+                            settings=GatewaySettings(job_roots=str(cluster_job_root))).start()
     try:
         deadline = time.monotonic() + 60
         while not gateway.gateway.health.has_capacity(pool):

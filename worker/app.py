@@ -36,6 +36,7 @@ from heron.worker.registry import LoadState, ModelEntry, ModelRegistry
 from heron.worker.result_cache import ResultCache
 from heron.worker.service import InferenceService, Outcome
 from heron.worker.settings import WorkerSettings
+from heron.worker.shared_results import SharedResults
 from heron.worker.tokens import TokenService
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.types import EncodeRequest, ExtractRequest, RequestOptions, ScoreRequest
@@ -75,13 +76,21 @@ class LocalBackend:
         adopt_library_logs()  # transformers is imported by now: JSON logs stay JSON
         self.metrics = WorkerMetrics()
         self.settings = settings or WorkerSettings.from_env()
+        s = self.settings
+        results = ResultCache(s.result_cache_bytes)
+        # The shared tier needs NATS (queue mode; WorkerCluster binds its bucket) and the
+        # local cache it sits behind.
+        if queue is not None and s.result_cache_shared_bytes > 0 and results.enabled:
+            results.shared = SharedResults(s.result_cache_shared_bytes,
+                                           s.result_cache_shared_ttl_s,
+                                           s.result_cache_shared_timeout_s)
         self.registry = ModelRegistry(bundle, device=device, precision=precision,
                                       extra_models=extra_models,
                                       on_batch=self.metrics.observe_batch,
                                       on_evict=self.metrics.observe_eviction,
                                       on_load=self.metrics.observe_load,
                                       inference_cpus=inference_cpus,
-                                      results=ResultCache(self.settings.result_cache_bytes))
+                                      results=results)
         self.service = InferenceService(self.registry, on_phases=self.metrics.observe_phases)
         self.tokens = TokenService(self.registry)
         self.queue = queue

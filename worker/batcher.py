@@ -43,6 +43,25 @@ PRIORITY_AGING_S = 2.5
 # priority 1 missed its target (a third) in 2 of 4 runs (bench/priority_bench.py).
 MIXED_PRIORITY_BATCH_SHARE = 8
 MIXED_PRIORITY_WINDOW_S = 2.0
+# Priorities from BACKGROUND_PRIORITY on are background work (bulk jobs' shards, at the
+# gateway's job_priority, 10 by default): they only fill the gaps of better work.
+# - A batch of it while better work arrives is 1/32 (2 of MiniLM's 64): an interactive
+#   item that arrives during it waits for it whole. For BACKGROUND_WINDOW_S after better
+#   work was last seen it is an eighth, not whole: interactive traffic comes back after
+#   pauses, and its first requests after one found a full batch of a job's items computing
+#   (p99 x2.9 at 8 clients, bench/job_bench.py). A 32nd throughout halved a job's rows/s
+#   for a minute after any interactive request.
+# - After a batch of better work, a batch of it starts only once the model has been free
+#   BACKGROUND_QUIET_S with nothing better arriving: under closed-loop load the clients of
+#   the batch just answered send again within a few milliseconds (the cluster path's round
+#   trip), and a job's batch started in that gap made each of them wait for it
+#   (bench/job_bench.py, split cores: p99 x1.14 and p50 +10% at 8 clients).
+# Not for priorities 1-9: applied to priority 1 under bench/priority_bench.py's mixed
+# saturation, both halved its throughput (579 -> 288 items/s) and doubled priority 0's p99.
+BACKGROUND_PRIORITY = 10
+BACKGROUND_BATCH_SHARE = 32
+BACKGROUND_WINDOW_S = 60.0
+BACKGROUND_QUIET_S = 0.010
 # Admit a request only if the queue ahead of it is expected to be done within this share
 # of its time left: the estimate is a mean, and tokenizing and answering take time too.
 ADMISSION_MARGIN = 0.85
@@ -81,6 +100,7 @@ class TokenBudgetBatcher:
         self._fifo: dict[int, deque[int]] = {}  # priority -> seqs in arrival order
         self._queued_tokens = 0
         self._last_seen: dict[int, float] = {}  # priority -> when it last arrived
+        self._last_priority: int | None = None  # the anchor's of the last batch taken
         self._wakeup = asyncio.Event()
         self.cost = BatchCostModel()
         self.drain = DrainRate()  # the runner reports every forward pass
@@ -147,7 +167,14 @@ class TokenBudgetBatcher:
             anchor = self._peek_anchor()
             if anchor is None:
                 continue
-            cap = self._item_cap()
+            quiet_left = BACKGROUND_QUIET_S - (time.monotonic() - free_since)
+            if anchor.priority >= BACKGROUND_PRIORITY and self._last_priority is not None \
+                    and anchor.priority > self._last_priority and quiet_left > 0:
+                self._wakeup.clear()  # better work may come back: wait for it (bounded)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), quiet_left)
+                continue
+            cap = self._item_cap(anchor.priority)
             # While priorities mix, a batch closes on the anchor's own wait: there, the
             # priority-0 tail counts for more than batch size.
             since = anchor.enqueued_at if cap < self.max_batch_items else max(
@@ -169,6 +196,7 @@ class TokenBudgetBatcher:
             batch = self._take(anchor, cap)
             live = self._drop_dead(batch)
             if live:
+                self._last_priority = anchor.priority
                 return live
 
     def _peek_anchor(self) -> WorkItem | None:
@@ -187,23 +215,46 @@ class TokenBudgetBatcher:
                 best = key
         return None if best is None else self._items[best[1]]
 
-    def _item_cap(self) -> int:
-        """Items per batch now: smaller while more than one priority level arrives."""
-        since = time.monotonic() - MIXED_PRIORITY_WINDOW_S
-        levels = sum(1 for seen in self._last_seen.values() if seen >= since)
-        if levels > 1:
+    def _item_cap(self, priority: int) -> int:
+        """Items per batch of ``priority`` now: smaller while more than one level arrives;
+        for background work, smallest while better work arrives, and smaller for a while
+        after it did."""
+        now = time.monotonic()
+        better = None
+        if priority >= BACKGROUND_PRIORITY:
+            better = max((seen for p, seen in self._last_seen.items() if p < priority),
+                         default=None)
+            if better is not None and better >= now - MIXED_PRIORITY_WINDOW_S:
+                return max(1, self.max_batch_items // BACKGROUND_BATCH_SHARE)
+        since = now - MIXED_PRIORITY_WINDOW_S
+        if sum(1 for seen in self._last_seen.values() if seen >= since) > 1 or (
+                better is not None and better >= now - BACKGROUND_WINDOW_S):
             return max(1, self.max_batch_items // MIXED_PRIORITY_BATCH_SHARE)
         return self.max_batch_items
 
     def _take(self, anchor: WorkItem, cap: int) -> list[WorkItem]:
-        lo, hi = self._plan(anchor, cap)
         keys = self._by_length
-        taken = [self._items.pop(seq) for _, seq in keys[lo : hi + 1]]
-        del keys[lo : hi + 1]
+        # A batch holds no item of a worse priority than its anchor's: filled up with a
+        # bulk job's items of similar lengths, each interactive item's batch grew to the
+        # cap and the next one waited for it (bench/job_bench.py: 300 ms of batch wait at
+        # 8 clients). Under bench/priority_bench.py's mixed saturation, priority 0's
+        # p50/p99 were 74/442 ms with this and 257/575 ms filled with priority 1's items,
+        # at the same items/s (342 against 358).
+        view = keys if len(self._fifo) < 2 else [
+            k for k in keys if self._items[k[1]].priority <= anchor.priority]
+        lo, hi = self._plan(anchor, cap, view)
+        chosen = view[lo : hi + 1]
+        if view is keys:
+            del keys[lo : hi + 1]
+        else:
+            for key in chosen:
+                del keys[bisect.bisect_left(keys, key)]
+        taken = [self._items.pop(seq) for _, seq in chosen]
         self._queued_tokens -= sum(item.length for item in taken)
         return taken
 
-    def _plan(self, anchor: WorkItem, cap: int) -> tuple[int, int]:
+    def _plan(self, anchor: WorkItem, cap: int, keys: list[tuple[int, int]]
+              ) -> tuple[int, int]:
         """The run [lo, hi] of the length-sorted queue to run now: the batch that holds the
         anchor in the cheapest split of the items around it into batches.
 
@@ -212,8 +263,8 @@ class TokenBudgetBatcher:
         forward pass costs beyond its tokens, learned from observed forward times. Splitting
         a mixed queue into similar-length batches beats one padded batch whenever the
         padding saved is worth more than the extra forward passes. Exact dynamic programme
-        over a bounded window (numpy, well under a millisecond for 256 items)."""
-        keys = self._by_length
+        over a bounded window (numpy, well under a millisecond for 256 items). ``keys``:
+        the length-sorted queue, or the part of it the batch may take from."""
         at = bisect.bisect_left(keys, (anchor.length, anchor.seq))
         reach = 2 * cap
         first, last = max(0, at - reach), min(len(keys), at + reach + 1)

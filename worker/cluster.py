@@ -77,6 +77,9 @@ class WorkerCluster:
 
     async def _set_up(self, nc: NatsClient, js: JetStreamContext) -> None:
         """Run again after a failure (NatsLink retries it): every step happens once."""
+        shared = self.registry.results.shared
+        if shared is not None:  # the result cache's bucket, bound in the background
+            shared.attach(nc, js)
         if self.status is None:
             status = StatusPublisher(nc, pool=self.queue.pool, worker_id=self.queue.worker_id,
                                      snapshot=self.snapshot)
@@ -100,6 +103,8 @@ class WorkerCluster:
 
     async def _after_reconnect(self, nc: NatsClient, js: JetStreamContext) -> None:
         # Idempotent when the stream survived (file store); recreates it when NATS lost it.
+        if self.registry.results.shared is not None:
+            self.registry.results.shared.attach(nc, js)
         if self.consumer is not None:
             await ensure_work_stream(js, self.spec)
             await ensure_dlq_stream(js, self.spec.file_storage)
@@ -148,4 +153,6 @@ class WorkerCluster:
             self.registry.arrivals_open = None
             # finish and ack what it holds, over the connection
             await self.consumer.drain(self.settings.drain_timeout_s)
+        if self.registry.results.shared is not None:
+            await self.registry.results.shared.close()  # its last writes, briefly
         await self.link.close()

@@ -40,6 +40,7 @@ from heron.runtime.image_urls import ImageFetcher
 from heron.runtime.logs import bind_request
 from heron.runtime.nats_names import (
     WorkStreamSpec,
+    bulk_consumer,
     dlq_subject,
     ensure_dlq_stream,
     ensure_work_stream,
@@ -69,6 +70,9 @@ _TERMINATED = 499  # its gateway is gone: nobody to answer (nginx's "client clos
 _OUTCOMES = {200: "answered", _RETRIED: "nak'ed, to run later",
              _TERMINATED: "terminated, its gateway is gone"}
 BACKLOG_POLL_S = 0.005  # how often a full backlog is looked at again (forward passes start)
+# Bulk lane work items a worker holds at most: the one computing and the next, already
+# tokenized and queued, so the model never waits for a fetch between them.
+BULK_ITEMS_HELD = 2
 # A result must fit in one NATS message (max_payload, 1 MiB by default) with its subject
 # and protocol line: a generous allowance for those.
 RESULT_HEADROOM_BYTES = 1024
@@ -76,7 +80,8 @@ RESULT_HEADROOM_BYTES = 1024
 
 class _Hold:
     """A fetched work item's items, counted in the worker's backlog until computed (not
-    while ``suspend``ed: waiting for its gateway's verdict, it blocks no fetching)."""
+    while ``suspend``ed: waiting for its gateway's verdict, it blocks no fetching). A bulk
+    lane work item holds none: that lane counts work items (_bulk_fetch_loop)."""
 
     __slots__ = ("consumer", "counted", "items")
 
@@ -142,8 +147,10 @@ class WorkConsumer:
         self._in_flight: set[asyncio.Task] = set()
         self._room = asyncio.Semaphore(max_in_flight)
         self._held_items = 0  # items fetched and not yet computed (waiting or in a forward)
+        self._bulk_items_held = 0  # bulk lane work items fetched and not yet answered
         self._backlog_moved = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._bulk_task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
         self.handled = 0
         self.metrics = metrics
@@ -169,19 +176,25 @@ class WorkConsumer:
         await ensure_dlq_stream(self.js, self.spec.file_storage)
         self._sub = await self.js.pull_subscribe_bind(durable=work_consumer(self.spec.pool),
                                                       stream=work_stream(self.spec.pool))
-        self._task = asyncio.get_running_loop().create_task(self._fetch_loop())
+        self._bulk_sub = await self.js.pull_subscribe_bind(
+            durable=bulk_consumer(self.spec.pool), stream=work_stream(self.spec.pool))
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._fetch_loop())
+        self._bulk_task = loop.create_task(self._bulk_fetch_loop())
 
     async def drain(self, timeout_s: float = 60.0) -> None:
         """Stop fetching, finish (and ack) everything already held."""
         self._stopping.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._bulk_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._in_flight:
             await asyncio.wait(self._in_flight, timeout=timeout_s)
-        with contextlib.suppress(Exception):
-            await self._sub.unsubscribe()
+        for sub in (self._sub, self._bulk_sub):
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     # ---- fetching ------------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
@@ -223,6 +236,30 @@ class WorkConsumer:
                 if len(msgs) < want:
                     break
 
+    async def _bulk_fetch_loop(self) -> None:
+        """The bulk lane (bulk jobs' shards): one work item at a time, pulled only while no
+        interactive item waits here for a forward pass, and while this worker holds fewer
+        than BULK_ITEMS_HELD of them (the next one is tokenized and queued when the one
+        computing ends). Interactive work that arrives meanwhile goes first in the batcher
+        (it has the higher priority) and waits at most for the forward pass under way."""
+        while not self._stopping.is_set():
+            await self._wait_for_bulk_room()
+            if self._stopping.is_set():
+                return
+            await self._room.acquire()
+            msgs = await self._pull(1, timeout_s=1.0, sub=self._bulk_sub)
+            if not msgs:
+                self._room.release()
+                continue
+            self._dispatch(msgs[0], bulk=True)
+
+    async def _wait_for_bulk_room(self) -> None:
+        while (self.backlog > 0 or self._bulk_items_held >= BULK_ITEMS_HELD) \
+                and not self._stopping.is_set():
+            self._backlog_moved.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._backlog_moved.wait(), BACKLOG_POLL_S)
+
     async def _wait_for_backlog_room(self) -> None:
         """Until the backlog is under the lookahead. Finished items wake us at once; a
         forward pass that starts (and takes items off the backlog) is seen by polling."""
@@ -231,9 +268,9 @@ class WorkConsumer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._backlog_moved.wait(), BACKLOG_POLL_S)
 
-    async def _pull(self, n: int, timeout_s: float) -> list[Msg]:
+    async def _pull(self, n: int, timeout_s: float, sub: Any = None) -> list[Msg]:
         try:
-            return await self._sub.fetch(batch=n, timeout=timeout_s)
+            return await (sub or self._sub).fetch(batch=n, timeout=timeout_s)
         except (NatsTimeoutError, TimeoutError):
             return []
         except Exception as exc:  # disconnected: nats-py reconnects; try again soon
@@ -241,19 +278,26 @@ class WorkConsumer:
             await asyncio.sleep(0.5)
             return []
 
-    def _dispatch(self, msg: Msg) -> None:
+    def _dispatch(self, msg: Msg, bulk: bool = False) -> None:
         work: Coroutine[Any, Any, None]
         try:
             item = WorkItemHeaders.from_wire(msg.headers)
         except ProtocolError as exc:
-            hold = _Hold(self, 1)
+            hold = _Hold(self, 0 if bulk else 1)
             work = self._dead_letter_malformed(msg, exc, hold)
         else:
-            hold = _Hold(self, max(1, item.count))
+            hold = _Hold(self, 0 if bulk else max(1, item.count))
             work = self._handle(msg, item, hold)
         task = asyncio.get_running_loop().create_task(work)
         self._in_flight.add(task)
         task.add_done_callback(self._done)
+        if bulk:
+            self._bulk_items_held += 1
+            task.add_done_callback(self._bulk_done)
+
+    def _bulk_done(self, _: asyncio.Task) -> None:
+        self._bulk_items_held -= 1
+        self._backlog_moved.set()
 
     def _done(self, task: asyncio.Task) -> None:
         self._in_flight.discard(task)

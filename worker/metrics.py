@@ -8,6 +8,7 @@ them: a scrape of any process reports the whole server.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator, Mapping
 
@@ -24,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from heron.worker.result_cache import CacheStats, ResultCache
 from heron.worker.runner import BatchStats
+from heron.worker.shared_results import SharedStats
 from heron.worker.weight_stats import weight_cache_stats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -99,8 +101,9 @@ class WorkerMetrics:
         # ``observe_results`` (when gauges are set), so that processes' values add up.
         self.result_cache_items = Counter(
             "heron_worker_result_cache_items", "Cacheable items by result: hit (served from "
-            "the cache), join (shared an identical item's computation in flight), miss "
-            "(computed)", ["result"], registry=r)
+            "the cache), shared (served from the shared tier: another worker computed it), "
+            "join (shared an identical item's computation in flight), miss (computed)",
+            ["result"], registry=r)
         self.result_cache_evictions = Counter(
             "heron_worker_result_cache_evictions", "Result cache entries dropped: lru (for "
             "room, or emptied under memory pressure), invalidated (their model reloaded or "
@@ -111,7 +114,13 @@ class WorkerMetrics:
         self.result_cache_entries = Gauge("heron_worker_result_cache_entries",
                                           "Items the result cache holds", registry=r,
                                           multiprocess_mode="livesum")
+        self.result_cache_shared = Counter(
+            "heron_worker_result_cache_shared", "The result cache's shared tier (NATS KV), per "
+            "item: lookups (hit, miss, error: no answer in time or NATS away, computed) and "
+            "stores (stored, dropped: overload or not shareable, store_error)", ["result"],
+            registry=r)
         self._results_seen = CacheStats()
+        self._shared_seen = SharedStats()
 
         r.register(WeightCacheCollector())
 
@@ -137,7 +146,8 @@ class WorkerMetrics:
     def observe_results(self, cache: ResultCache) -> None:
         """Bring the result cache's counters and size into the metrics."""
         now, seen = cache.stats, self._results_seen
-        for label, name in (("hit", "hits"), ("join", "joins"), ("miss", "misses")):
+        for label, name in (("hit", "hits"), ("shared", "shared"), ("join", "joins"),
+                            ("miss", "misses")):
             delta = getattr(now, name) - getattr(seen, name)
             if delta:
                 self.result_cache_items.labels(label).inc(delta)
@@ -145,8 +155,16 @@ class WorkerMetrics:
             delta = getattr(now, name) - getattr(seen, name)
             if delta:
                 self.result_cache_evictions.labels(label).inc(delta)
-        self._results_seen = CacheStats(now.hits, now.misses, now.joins, now.evictions,
-                                        now.invalidated)
+        self._results_seen = dataclasses.replace(now)
+        if cache.shared is not None:
+            tier, seen_tier = cache.shared.stats, self._shared_seen
+            for label, name in (("hit", "hits"), ("miss", "misses"), ("error", "errors"),
+                                ("stored", "stored"), ("dropped", "dropped"),
+                                ("store_error", "store_errors")):
+                delta = getattr(tier, name) - getattr(seen_tier, name)
+                if delta:
+                    self.result_cache_shared.labels(label).inc(delta)
+            self._shared_seen = dataclasses.replace(tier)
         self.result_cache_bytes.set(cache.bytes)
         self.result_cache_entries.set(len(cache))
 

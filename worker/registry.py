@@ -46,6 +46,7 @@ from heron.worker.memory import (
 )
 from heron.worker.result_cache import ResultCache
 from heron.worker.runner import BatchStats, ModelRunner
+from heron.worker.shared_results import identify, start_digest
 from heron.worker.weight_cache import unpin_weights
 from heron.worker.weights import (
     WeightsTemporarilyUnavailable,
@@ -256,7 +257,8 @@ class ModelRegistry:
                 added.append(config.id)
             else:
                 if entry.config != config and entry.runner is not None:
-                    entry.runner.invalidate_results()  # never an answer of the old config
+                    # never an answer of the old config, here or from the shared tier
+                    entry.runner.invalidate_results(config)
                 entry.config = config  # its runner's LoRA adapters read it from here
             for name in (config.id, *config.aliases):
                 self._names.setdefault(name, config.id)
@@ -285,9 +287,15 @@ class ModelRegistry:
                 entry.weights_path = await run_in_fresh_thread(
                     functools.partial(resolve_weights, config, pin=True))
                 path = entry.weights_path
+                # The shared result cache's key needs the weights' digest: hashed meanwhile.
+                digest = start_digest(path) if self.results.shared is not None else None
                 await self._make_room(entry, entry.resident_bytes or weights_bytes(path))
                 runner = await run_in_fresh_thread(self._load_blocking, entry, path)
                 await runner.warm_up()
+                if digest is not None and (identity := await identify(
+                        digest, config.id, runner.adapter.profile, runner.adapter.name,
+                        entry.device or "", entry.dtype or "")) is not None:
+                    runner.share(identity, entry.config)
         except TRANSIENT_LOAD_ERRORS as exc:
             # Memory comes back (other models go idle, a neighbour exits), a throttled store
             # answers again: try again later, on demand.

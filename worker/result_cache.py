@@ -15,7 +15,9 @@ determines that output:
   pooling leaves out, the special-token mask; and the LoRA adapter (name and source).
 
 No I/O here: ``ResultCache`` and ``item_digest`` are plain code (tests/unit/
-test_result_cache.py); the runner (worker/runner.py) does the asyncio side.
+test_result_cache.py); the runner (worker/runner.py) does the asyncio side. A cluster
+worker may add a shared tier behind it (``ResultCache.shared``: worker/shared_results.py,
+a NATS KV bucket that every worker reads and writes).
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from heron_sdk.types import Entity, SparseVector
+
+if TYPE_CHECKING:
+    from heron.worker.shared_results import SharedResults
 
 # Bookkeeping per entry beyond its arrays' bytes: the key tuple, its 16-byte digest, the
 # OrderedDict node, the value dict and the numpy array headers. Measured with tracemalloc
@@ -93,6 +98,7 @@ def item_digest(input_ids: list[int], token_type_ids: list[int] | None, query: b
 class CacheStats:
     hits: int = 0  # items answered from the cache
     misses: int = 0  # cacheable items computed (neither cached nor in flight)
+    shared: int = 0  # items answered from the shared tier (another worker computed them)
     joins: int = 0  # items that shared an identical item's computation in flight
     evictions: int = 0  # entries dropped for room (LRU)
     invalidated: int = 0  # entries dropped because their model reloaded or its config changed
@@ -108,6 +114,9 @@ class ResultCache:
         self._by_scope: dict[str, set[bytes]] = {}
         self.bytes = 0
         self.stats = CacheStats()
+        # The shared tier (cluster workers with --result-cache-shared-bytes): looked in on
+        # a local miss, written after a computation; None: this process's cache only.
+        self.shared: SharedResults | None = None
 
     @property
     def enabled(self) -> bool:

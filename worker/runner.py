@@ -8,6 +8,9 @@ Before the batcher, ``infer`` answers items from the worker's result cache and l
 identical items share one computation (worker/result_cache.py): an item whose key is
 cached is answered at once, one whose key is queued or computing for anyone (another
 request, or an earlier item of the same request) waits on that computation's future.
+With the shared tier on (worker/shared_results.py), the items left are first looked up in
+the NATS KV bucket, in one batch on a task of its own (``_look_up_shared``), and only its
+misses go to the batcher; what is computed is written there in the background.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from typing import Any
 
 import torch
 
+from heron.runtime.modelconfig import ModelConfig
 from heron.worker.adapters import Adapter, TextInput, Tokenized
 from heron.worker.batcher import TokenBudgetBatcher, WorkItem
 from heron.worker.images import ImageInput
 from heron.worker.lora import LoraSet
 from heron.worker.memory import HeapTrimmer
 from heron.worker.result_cache import Key, ResultCache, item_digest
+from heron.worker.shared_results import SharedIdentity, SharedResults, shared_key
 from heron_sdk.errors import ErrorCode, HeronError
 
 log = logging.getLogger("heron.worker.runner")
@@ -58,6 +63,7 @@ class _Flight:
 
     work: WorkItem
     waiters: int = 1
+    shared_key: str | None = None  # its key in the shared tier, where it is looked up
 
 
 @dataclass(slots=True)
@@ -100,6 +106,10 @@ class ModelRunner:
             adapter.task != "extract" and adapter.cacheable else None
         self.cache_scope = f"{adapter.config.id}#{next(_SCOPES)}"
         self._flights: dict[Key, _Flight] = {}
+        # The shared tier's key prefix (``share``): None while this model does not use it.
+        self.shared_identity: SharedIdentity | None = None
+        self.shared_scope: str | None = None
+        self._lookups: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
@@ -197,15 +207,23 @@ class ModelRunner:
                 shared.append(False)
                 if key is not None:
                     new[key] = _Flight(w)
-            if work:
-                self.batcher.submit(work)  # 429 QUEUE_FULL: nothing of this call is queued
-            for key, flight in new.items():
-                self._flights[key] = flight
-                joined.add(flight)
-                flight.work.future.add_done_callback(
-                    lambda future, k=key, f=flight: self._landed(k, f, future))
-            if results is not None:
-                results.stats.misses += len(new)
+            tier = results.shared if results is not None and lora is None else None
+            scope = self.shared_scope
+            if new and tier is not None and scope is not None:
+                # In flight before the lookup: identical items arriving meanwhile join it.
+                for key, flight in new.items():
+                    flight.shared_key = shared_key(scope, key[1])
+                    self._fly(key, flight, joined)
+                task = loop.create_task(self._look_up_shared(tier, list(new.values()), work))
+                self._lookups.add(task)
+                task.add_done_callback(self._lookups.discard)
+            else:
+                if work:
+                    self.batcher.submit(work)  # 429 QUEUE_FULL: nothing of this call queued
+                for key, flight in new.items():
+                    self._fly(key, flight, joined)
+                if results is not None:
+                    results.stats.misses += len(new)
             return await self._gather(slots, shared)
         finally:
             self.in_flight -= 1
@@ -217,6 +235,37 @@ class ModelRunner:
                 flight.waiters -= 1
                 if flight.waiters == 0 and not flight.work.future.done():
                     flight.work.future.cancel()
+
+    def _fly(self, key: Key, flight: _Flight, joined: set[_Flight]) -> None:
+        self._flights[key] = flight
+        joined.add(flight)
+        flight.work.future.add_done_callback(
+            lambda future, k=key, f=flight: self._landed(k, f, future))
+
+    async def _look_up_shared(self, tier: SharedResults, flights: list[_Flight],
+                              work: list[WorkItem]) -> None:
+        """Answer what the shared tier has (``cached``), then queue the rest of ``work``.
+        A task of its own, not the caller's: a caller that gives up mid-lookup must not
+        leave the items others joined meanwhile with nothing computing them. ``get_many``
+        never raises and returns within the tier's timeout."""
+        hits = 0
+        try:
+            found = await tier.get_many([f.shared_key or "" for f in flights])
+            for flight, value in zip(flights, found, strict=True):
+                if value is not None and not flight.work.future.done():
+                    flight.work.future.set_result(ItemResult(value, 0.0, 0.0, cached=True))
+                    hits += 1
+        finally:
+            if self.results is not None:
+                self.results.stats.shared += hits
+                self.results.stats.misses += len(flights) - hits
+            rest = [w for w in work if not w.future.done()]  # not given up, not found
+            try:
+                if rest:
+                    self.batcher.submit(rest)
+            except Exception as exc:  # 429 QUEUE_FULL: for every waiter of these items
+                for w in rest:
+                    w.future.set_exception(exc)
 
     @staticmethod
     async def _gather(slots: list[ItemResult | asyncio.Future], shared: list[bool]
@@ -255,13 +304,28 @@ class ModelRunner:
         if future.cancelled() or future.exception() is not None or self.results is None:
             return
         if key[0] == self.cache_scope:
-            self.results.put(key, future.result().value)
+            result: ItemResult = future.result()
+            self.results.put(key, result.value)
+            tier = self.results.shared
+            if tier is not None and flight.shared_key is not None and not result.cached:
+                tier.store(flight.shared_key, result.value)  # in the background
 
-    def invalidate_results(self) -> None:
-        """The model's config changed, or it unloads: its cached outputs can never be
-        served again (a new scope), and their bytes are freed now. Computations in flight
-        still answer their callers, but nothing new joins them and they are not kept."""
+    def share(self, identity: SharedIdentity, config: ModelConfig) -> None:
+        """Use the shared tier for this model (ModelRegistry, once its weights' digest is
+        known), with keys for ``config``."""
+        self.shared_identity = identity
+        self.shared_scope = identity.scope(config)
+
+    def invalidate_results(self, config: ModelConfig | None = None) -> None:
+        """The model's config changed (to ``config``), or it unloads (None): its cached
+        outputs can never be served again (a new scope), and their bytes are freed now.
+        Computations in flight still answer their callers, but nothing new joins them and
+        they are not kept. The shared tier's keys follow the new config (another worker
+        with the same config and weights shares them); without one, it is not used."""
         old, self.cache_scope = self.cache_scope, f"{self.adapter.config.id}#{next(_SCOPES)}"
+        identity = self.shared_identity
+        self.shared_scope = None if identity is None or config is None \
+            else identity.scope(config)
         self._flights.clear()
         if self.results is not None:
             self.results.drop_scope(old)

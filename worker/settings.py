@@ -65,6 +65,18 @@ class WorkerSettings(InferenceServerSettings):
         256 * 1024**2, "Bytes of model outputs each worker process keeps to answer repeated "
                        "items (LRU; 0: no result cache, no in-flight sharing)",
         env="HERON_RESULT_CACHE_BYTES", minimum=0, size=True)
+    result_cache_shared_bytes: int = setting(
+        0, "Queue mode: bytes of the result cache's shared tier, the NATS KV bucket "
+           "heron_results that every worker reads and writes, so an item one worker "
+           "computed is answered by the others (oldest entries go first; 0: off)",
+        env="HERON_RESULT_CACHE_SHARED_BYTES", minimum=0, size=True)
+    result_cache_shared_ttl_s: float = setting(
+        86400.0, "Queue mode: how long an entry of the result cache's shared tier lives",
+        env="HERON_RESULT_CACHE_SHARED_TTL_S", above=0)
+    result_cache_shared_timeout_s: float = setting(
+        0.05, "Queue mode: longest a request waits for the shared tier's answer before it "
+              "computes its items (a slow or absent NATS costs at most this)",
+        env="HERON_RESULT_CACHE_SHARED_TIMEOUT_S", above=0)
     heap_trim_s: float = setting(
         5.0, "Every this many seconds, between batches, hand freed heap pages back to the OS "
              "(glibc malloc_trim; 0: never)", env="HERON_HEAP_TRIM_S")

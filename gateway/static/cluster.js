@@ -183,6 +183,55 @@ function renderModels(models) {
   ]);
 }
 
+function formatDuration(seconds) {
+  if (seconds === null || seconds === undefined) return "-";
+  if (seconds < 60) return seconds.toFixed(0) + " s";
+  if (seconds < 3600) return (seconds / 60).toFixed(1) + " min";
+  return (seconds / 3600).toFixed(1) + " h";
+}
+
+// A bar filled to the job's percentage and its figure; the width is set through the DOM
+// (CSSOM), which the page's Content-Security-Policy allows where a style attribute is not.
+function progressBar(job) {
+  const box = document.createElement("span");
+  box.className = "progress";
+  const bar = document.createElement("span");
+  bar.className = "progress-bar progress-" + job.state;
+  bar.style.width = (job.percent === null ? 0 : job.percent) + "%";
+  const figure = document.createElement("span");
+  figure.className = "progress-text";
+  figure.textContent = job.percent === null ? "-" : job.percent.toFixed(1) + "%";
+  box.append(bar);
+  const cell = document.createElement("span");
+  cell.className = "progress-cell";
+  cell.append(box, figure);
+  return cell;
+}
+
+function jobState(job) {
+  const text = job.error_code ? `${job.state} · ${job.error_code}` : job.state;
+  return chip(text, job.state);
+}
+
+function renderJobs(jobs, counts) {
+  renderRows(document.querySelector("#jobs tbody"), jobs, (j) => j.id, (j) => [
+    { text: j.id, cls: "id" },
+    { text: j.model || "-" },
+    { node: jobState(j) },
+    { node: progressBar(j) },
+    { text: `${j.rows_done} / ${j.rows_total === null ? "?" : j.rows_total}`, cls: "num" },
+    { text: j.rows_failed, cls: "num" + (j.rows_failed ? " warn" : "") },
+    { text: j.state === "running" ? formatRate(j.rows_per_s) : "-", cls: "num" },
+    { text: j.state === "running" ? formatDuration(j.eta_s) : "-", cls: "num" },
+    { text: j.owner || "-", cls: "id" },
+    { text: j.output_uri || "-", cls: "uri", title: j.output_uri },
+  ], (j) => "job job-" + j.state);
+  document.getElementById("no-jobs").hidden = jobs.length > 0;
+  const shown = Object.entries(counts || {}).filter(([, n]) => n > 0);
+  document.getElementById("job-counts").textContent =
+    shown.length ? "In all: " + shown.map(([state, n]) => `${n} ${state}`).join(", ") + "." : "";
+}
+
 function eventText(e) {
   if (e.event !== "exited") return e.event;
   return e.restart_in_s === null ? "exited" : `exited, restart in ${e.restart_in_s.toFixed(1)} s`;
@@ -211,6 +260,7 @@ function render(snapshot) {
   renderPools(snapshot.pools);
   renderWorkers(snapshot.workers);
   renderModels(snapshot.models);
+  renderJobs(snapshot.jobs || [], snapshot.job_counts); // absent from gateways before them
   renderEvents(snapshot.supervisor_events || []); // absent from gateways before it
 }
 

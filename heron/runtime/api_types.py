@@ -156,6 +156,7 @@ class EncodeOptionsBody(TypedDict):
         "query and search_query encode as queries; document and search_document as "
         "documents; classification and clustering take the checkpoint's prompt of that "
         "name, else the document side. Given, it decides the side (is_query is not read)."))]]
+    chunking: NotRequired[ChunkingBody | None]
 
 
 @closed
@@ -163,7 +164,6 @@ class EncodeBody(RequestOptionsBody, EncodeOptionsBody):
     """POST /v1/encode/{model}."""
 
     items: EncodeItems
-    chunking: NotRequired[ChunkingBody | None]
 
 
 @closed
@@ -561,6 +561,7 @@ class JobCreateBody(EncodeOptionsBody):
     output: JobOutputBody
     truncate: NotRequired[Annotated[bool | None, schema(default=True)]]
     adapter: NotRequired[Annotated[str | None, schema(pattern=ADAPTER_NAME_PATTERN)]]
+    cache: NotRequired[Annotated[bool | None, schema(default=True)]]
 
 
 class JobView(TypedDict):

@@ -1,4 +1,5 @@
 """Bulk jobs' files: where a job may read and write, its input rows, its shards' part files.
+(The input is read shard by shard, never whole: heron/runtime/job_input.py.)
 
 Where: a job names its input and output by URI, and a server that opens whatever URI a
 client sends can be pointed at any file it can read (``file:///etc/passwd``) or any bucket
@@ -18,20 +19,17 @@ are done and how many of their rows failed, without reading them.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import math
 import os
 import re
 import shutil
+import sys
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
-
-import orjson
 
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
@@ -130,14 +128,6 @@ def s3_client() -> Any:
     return boto3.client("s3", endpoint_url=endpoint or None)
 
 
-def read_bytes(location: Location) -> bytes:
-    if isinstance(location, S3Location):
-        return s3_client().get_object(Bucket=location.bucket, Key=location.key)["Body"].read()
-    fd = os.open(location.path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as file:
-        return file.read()
-
-
 def check_readable(location: Location, field_name: str) -> None:
     """422 when the input is not there (a file, or an S3 object)."""
     if isinstance(location, FileLocation):
@@ -153,15 +143,17 @@ def check_readable(location: Location, field_name: str) -> None:
 # ---- input rows ----------------------------------------------------------------------------
 @dataclass(slots=True)
 class Rows:
-    """A job's input: ``ids[i]`` and ``texts[i]`` of row ``i``; a row that cannot be
-    encoded (no text, not a string) has text None and its error in ``errors``."""
+    """Input rows ``first``, ``first + 1``, ... (numbered over the whole file): ``ids[k]``
+    and ``texts[k]`` of row ``first + k``; a row that cannot be encoded (no text, not a
+    string) has text None and its error in ``errors[k]``."""
 
     ids: list[str] = field(default_factory=list)
     texts: list[str | None] = field(default_factory=list)
     errors: dict[int, dict[str, str]] = field(default_factory=dict)
+    first: int = 0
 
     def add(self, record: Any, text_field: str, id_field: str | None) -> None:
-        row = len(self.ids)
+        row = self.first + len(self.ids)
         # A row whose id cannot be read is named by its number: "#12" (plain "12" when
         # ids are row numbers anyway), never an id another row may have.
         unknown = f"#{row}" if id_field else str(row)
@@ -180,51 +172,24 @@ class Rows:
 
     def _bad(self, row_id: str, why: str) -> None:
         self.errors[len(self.ids)] = {"code": ErrorCode.INVALID_FIELD.value,
-                                      "message": f"row {len(self.ids)}: {why}"}
+                                      "message": f"row {self.first + len(self.ids)}: {why}"}
         self.ids.append(row_id)
         self.texts.append(None)
 
 
 def parse_rows(data: bytes, fmt: str, text_field: str, id_field: str | None) -> Rows:
-    """The rows of an input file's bytes. A row that cannot be read is a failed row (its
-    error kept); a file that cannot be read at all is a 422 naming ``input``."""
-    rows = Rows()
-    if fmt == "jsonl":
-        for line in data.splitlines():
-            if not line.strip():
-                continue
-            try:
-                record: Any = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                record = None  # a failed row, not a failed job
-            rows.add(record, text_field, id_field)
-    elif fmt == "csv":
-        try:
-            reader = csv.DictReader(io.StringIO(data.decode("utf-8-sig"), newline=""))
-            for record in reader:
-                rows.add(record, text_field, id_field)
-        except (UnicodeDecodeError, csv.Error) as exc:
-            raise invalid_field("input", f"not a UTF-8 CSV file: {exc}") from None
-    elif fmt == "parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    """Every row of an input file's bytes at once. A job reads its input shard by shard
+    instead (heron/runtime/job_input.py); this is that reading, over bytes in memory, as
+    one shard. A row that cannot be read is a failed row (its error kept); a file that
+    cannot be read at all is a 422 naming ``input``."""
+    from heron.runtime.job_input import index_input  # they build on this module
+    from heron.runtime.job_sources import BytesSource
 
-        columns = [text_field] + ([id_field] if id_field else [])
-        try:
-            table = pq.read_table(pa.BufferReader(data), columns=columns)
-        except (pa.ArrowException, KeyError) as exc:
-            raise invalid_field("input", f"cannot read the Parquet file's columns "
-                                f"{columns}: {exc}") from None
-        texts = table.column(text_field).to_pylist()
-        ids = table.column(id_field).to_pylist() if id_field else range(len(texts))
-        for text, row_id in zip(texts, ids, strict=True):
-            record = {text_field: text}
-            if id_field:
-                record[id_field] = row_id
-            rows.add(record, text_field, id_field)
-    else:
-        raise invalid_field("input.format", f"unknown format {fmt!r}")
-    return rows
+    sharded = index_input(BytesSource(data), fmt, text_field, id_field, sys.maxsize)
+    try:
+        return sharded.read(0) if sharded.plan.count else Rows()
+    finally:
+        sharded.close()
 
 
 # ---- shards -----------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ file again.
   of numbers; ``multi_vector``: a list of lists; ``sparse``: ``{indices, values}``),
   ``error_code`` and ``error`` (strings).
 - ``jsonl``: one object a line with the same keys.
+- with ``chunking``, a column ``chunks`` too: each row's chunks, a list of ``{start, end,
+  <output type>...}`` (character offsets into the row's text); the row's own output-type
+  columns then hold only the pooled ``dense`` (``pool: "mean"``), or nothing.
 - ``npy``: the dense vectors alone, one row per input row (a failed row is NaN), and beside
   it ``<output>.rows.jsonl`` with each row's ``id`` and ``error``.
 """
@@ -20,7 +23,8 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +40,41 @@ from heron.runtime.job_files import (
     part_name,
     s3_client,
 )
+from heron_sdk.types import EncodeRequest
 
 Shards = Iterator[tuple[list[str], list[dict[str, Any]]]]
 NPY_ROWS_SUFFIX = ".rows.jsonl"
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """What an output row holds: ``row_types``, the output types of the row itself, and,
+    for a chunked job, ``chunk_types``, those of each of its chunks (None: not chunked)."""
+
+    row_types: tuple[str, ...]
+    chunk_types: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, request: EncodeRequest) -> Columns:
+        chunking = request.chunking
+        if chunking is None:
+            return cls(request.output_types)
+        return cls(("dense",) if chunking.pool else (), request.output_types)
+
+    def kept(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """What the output keeps of an encoded row: its vectors (and chunks), or its error."""
+        if "error" in row:
+            return {"error": row["error"]}
+        out = {kind: row[kind] for kind in self.row_types if kind in row}
+        if self.chunk_types is not None:
+            out["chunks"] = [{"start": chunk["start"], "end": chunk["end"],
+                              **{k: chunk[k] for k in self.chunk_types if k in chunk}}
+                             for chunk in row.get("chunks") or ()]
+        return out
+
+    def names(self) -> tuple[str, ...]:
+        """The output's columns besides id and error."""
+        return self.row_types + (() if self.chunk_types is None else ("chunks",))
 
 
 def plain(value: Any) -> Any:
@@ -59,17 +95,17 @@ def _error(row: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return str(error.get("code")), str(error.get("message"))
 
 
-def write_jsonl(path: Path, shards: Shards, output_types: Sequence[str]) -> None:
+def write_jsonl(path: Path, shards: Shards, columns: Columns) -> None:
     with open(path, "wb") as out:
         for ids, rows in shards:
             for row_id, row in zip(ids, rows, strict=True):
                 code, message = _error(row)
-                line = {"id": row_id, **{kind: plain(row.get(kind)) for kind in output_types},
+                line = {"id": row_id, **{key: plain(row.get(key)) for key in columns.names()},
                         "error_code": code, "error": message}
                 out.write(orjson.dumps(line) + b"\n")
 
 
-def _arrow_types(output_types: Sequence[str], output_dtype: str) -> dict[str, Any]:
+def _arrow_types(columns: Columns, output_dtype: str) -> dict[str, Any]:
     import pyarrow as pa
 
     number = {"float32": pa.float32(), "float16": pa.float32(), "int8": pa.int8(),
@@ -78,16 +114,20 @@ def _arrow_types(output_types: Sequence[str], output_dtype: str) -> dict[str, An
              "multi_vector": pa.list_(pa.list_(number)),
              "sparse": pa.struct([("indices", pa.list_(pa.int32())),
                                   ("values", pa.list_(pa.float32()))])}
-    return {kind: kinds[kind] for kind in output_types}
+    types = {kind: kinds[kind] for kind in columns.row_types}
+    if columns.chunk_types is not None:
+        chunk = pa.struct([("start", pa.int32()), ("end", pa.int32()),
+                           *((kind, kinds[kind]) for kind in columns.chunk_types)])
+        types["chunks"] = pa.list_(chunk)
+    return types
 
 
-def write_parquet(path: Path, shards: Shards, output_types: Sequence[str],
-                  output_dtype: str) -> None:
+def write_parquet(path: Path, shards: Shards, columns: Columns, output_dtype: str) -> None:
     """One row group per shard: memory holds one shard at a time."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    types = _arrow_types(output_types, output_dtype)
+    types = _arrow_types(columns, output_dtype)
     schema = pa.schema([("id", pa.string()), *types.items(), ("error_code", pa.string()),
                         ("error", pa.string())])
     with pq.ParquetWriter(path, schema) as writer:
@@ -127,8 +167,7 @@ def write_npy(path: Path, shards: Callable[[], Shards], total: int, output_dtype
 
 
 def write_output(output: Location, fmt: str, parts: PartStore, plan: ShardPlan,
-                 done: Mapping[int, int], output_types: Sequence[str],
-                 output_dtype: str) -> None:
+                 done: Mapping[int, int], columns: Columns, output_dtype: str) -> None:
     """Join every shard's part (all must be ``done``) into the output, atomically."""
     names = {index: part_name(index, failed) for index, failed in done.items()}
 
@@ -138,9 +177,9 @@ def write_output(output: Location, fmt: str, parts: PartStore, plan: ShardPlan,
 
     def write(path: Path) -> list[Path]:
         if fmt == "jsonl":
-            write_jsonl(path, shards(), output_types)
+            write_jsonl(path, shards(), columns)
         elif fmt == "parquet":
-            write_parquet(path, shards(), output_types, output_dtype)
+            write_parquet(path, shards(), columns, output_dtype)
         else:
             write_npy(path, shards, plan.rows, output_dtype)
             return [path, path.with_name(path.name + NPY_ROWS_SUFFIX)]

@@ -37,6 +37,9 @@ POOLS_BUCKET = "heron_pools"  # KV: key <pool> = a PoolLease (sdk/pools.py), per
 # a DELETE's purge marker lives): watchers see the marker at once; it only has to outlive
 # a watcher's reconnect, and then it goes too, so ended leases leave nothing behind.
 POOLS_MARKER_TTL_S = 60.0
+# KV: key <model>.<scope>.<item> = one model output (worker/shared_results.py): the result
+# cache's shared tier, declared by the workers that turn it on (ensure_results_bucket).
+RESULTS_BUCKET = "heron_results"
 STATUS_WILDCARD = "heron.status.>"
 DEMAND_WILDCARD = "heron.demand.>"
 INBOX_ROOT = "_INBOX.heron"
@@ -57,17 +60,39 @@ def work_stream(pool: str) -> str:
     return f"{WORK_STREAM_PREFIX}{token(pool)}"
 
 
-def work_subject(pool: str, model: str) -> str:
-    return f"heron.work.{token(pool)}.{token(model)}"
+# A pool's stream holds two lanes, each with its durable consumer: interactive requests on
+# heron.work.<pool>.<model> and bulk jobs' shards on heron.work.<pool>.bulk.<model>. The
+# stream is first in, first out per consumer: in one lane, a job's items queued ahead of an
+# interactive request held it back for as long as they took (bench/job_bench.py: p99 x11
+# to x18 at 8 clients). A worker pulls the bulk lane only while it has no interactive work
+# waiting (worker/consumer.py). The filters are disjoint (4 tokens, 5 tokens), as a
+# work-queue stream requires of its consumers.
+def work_subject(pool: str, model: str, bulk: bool = False) -> str:
+    lane = "bulk." if bulk else ""
+    return f"heron.work.{token(pool)}.{lane}{token(model)}"
 
 
 def work_subjects(pool: str) -> str:
+    """Every subject of the pool's stream, both lanes."""
     return f"heron.work.{token(pool)}.>"
 
 
+def interactive_subjects(pool: str) -> str:
+    return f"heron.work.{token(pool)}.*"
+
+
+def bulk_subjects(pool: str) -> str:
+    return f"heron.work.{token(pool)}.bulk.*"
+
+
 def work_consumer(pool: str) -> str:
-    """The durable pull consumer every worker of the pool shares."""
+    """The durable pull consumer of interactive work every worker of the pool shares."""
     return f"workers_{token(pool)}"
+
+
+def bulk_consumer(pool: str) -> str:
+    """The durable pull consumer of bulk jobs' work every worker of the pool shares."""
+    return f"bulk_{token(pool)}"
 
 
 def dlq_subject(pool: str) -> str:
@@ -160,11 +185,14 @@ class WorkStreamSpec:
             storage=StorageType.FILE if self.file_storage else StorageType.MEMORY,
             num_replicas=self.replicas, max_age=self.max_age_s, max_bytes=self.max_bytes)
 
-    def consumer_config(self) -> ConsumerConfig:
+    def consumer_config(self, bulk: bool = False) -> ConsumerConfig:
+        """The interactive lane's consumer, or (``bulk``) the bulk lane's."""
         return ConsumerConfig(
-            durable_name=work_consumer(self.pool), ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=self.ack_wait_s, max_deliver=self.max_deliver,
-            max_ack_pending=self.max_ack_pending, filter_subject=work_subjects(self.pool))
+            durable_name=bulk_consumer(self.pool) if bulk else work_consumer(self.pool),
+            ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s,
+            max_deliver=self.max_deliver, max_ack_pending=self.max_ack_pending,
+            filter_subject=bulk_subjects(self.pool) if bulk else interactive_subjects(
+                self.pool))
 
 
 class StreamMismatch(RuntimeError):
@@ -189,7 +217,10 @@ async def ensure_work_stream(js: JetStreamContext, spec: WorkStreamSpec) -> None
                                for k, (have, want) in diffs.items())
             raise StreamMismatch(f"stream {wanted.name} exists with other settings ({detail});"
                                  " delete it or align the configuration")
+    # The interactive lane's first: a consumer declared before the bulk lane existed
+    # filtered every subject, which would overlap the bulk lane's (its filter is updated).
     await js.add_consumer(wanted.name, spec.consumer_config())
+    await js.add_consumer(wanted.name, spec.consumer_config(bulk=True))
 
 
 async def ensure_dlq_stream(js: JetStreamContext, file_storage: bool = True) -> None:
@@ -216,6 +247,28 @@ async def ensure_pools_bucket(js: JetStreamContext, replicas: int | None = None)
             replicas=stream_replicas() if replicas is None else replicas,
             limit_marker_ttl=POOLS_MARKER_TTL_S,
             description="Heron leased pools: key = pool name, value = lease, TTL = lease"))
+
+
+async def ensure_results_bucket(js: JetStreamContext, max_bytes: int, ttl_s: float,
+                                max_value_bytes: int) -> KeyValue:
+    """The ``heron_results`` KV bucket, created if missing (idempotent; an existing one is
+    used as it is: the first worker's bound and TTL stand; ``nats stream edit
+    KV_heron_results`` changes them). A cache, so unlike a KV bucket nats-py would create
+    (discard new: a full bucket refuses writes) it discards the oldest entries when full;
+    entries also expire after ``ttl_s``. File storage: it costs NATS disk, not memory."""
+    try:
+        return await js.key_value(RESULTS_BUCKET)
+    except BucketNotFoundError:
+        pass
+    # The stream a KV bucket is (what create_key_value declares), but with discard old.
+    await js.add_stream(StreamConfig(
+        name=f"KV_{RESULTS_BUCKET}", subjects=[f"$KV.{RESULTS_BUCKET}.>"],
+        description="Heron result cache, shared tier: key = model.scope.item, value = output",
+        retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD, max_bytes=max_bytes,
+        max_age=ttl_s, max_msgs_per_subject=1, max_msg_size=max_value_bytes,
+        storage=StorageType.FILE, num_replicas=stream_replicas(), allow_direct=True,
+        allow_rollup_hdrs=True, deny_delete=True, duplicate_window=min(120.0, ttl_s)))
+    return await js.key_value(RESULTS_BUCKET)
 
 
 def _norm(value: Any) -> Any:

@@ -21,7 +21,7 @@ import yaml
 from heron.cli.main import build_parser
 from heron.gateway.metrics import GatewayMetrics
 from heron.gateway.settings import GatewaySettings
-from heron.runtime.nats_names import WorkStreamSpec, work_consumer, work_stream
+from heron.runtime.nats_names import WorkStreamSpec, bulk_consumer, work_consumer, work_stream
 
 from .manifests import (
     CHECKOV,
@@ -281,17 +281,22 @@ def test_each_pool_scales_to_zero_on_demand_and_on_queue_lag(overlay):
         assert "replicas" not in dep["spec"], "KEDA owns replicas; apply would reset them"
         spec = scaled["spec"]
         assert spec["minReplicaCount"] == 0 and spec["maxReplicaCount"] >= 1
-        triggers = {t["type"]: t["metadata"] for t in spec["triggers"]}
-        assert set(triggers) == {"prometheus", "nats-jetstream"}
-        js = triggers["nats-jetstream"]
-        assert js["stream"] == work_stream(pool) and js["consumer"] == work_consumer(pool)
-        assert js["natsServerMonitoringEndpoint"] == f"{headless}.heron.svc.cluster.local:8222"
-        assert js["account"] == "$G"
-        prom = triggers["prometheus"]
+        assert sorted(t["type"] for t in spec["triggers"]) == \
+            ["nats-jetstream", "nats-jetstream", "prometheus"]
+        lanes = [t["metadata"] for t in spec["triggers"] if t["type"] == "nats-jetstream"]
+        # Both lanes of the pool's stream: interactive work and bulk jobs' shards.
+        assert sorted(js["consumer"] for js in lanes) == sorted(
+            [work_consumer(pool), bulk_consumer(pool)])
+        for js in lanes:
+            assert js["stream"] == work_stream(pool)
+            assert js["natsServerMonitoringEndpoint"] == \
+                f"{headless}.heron.svc.cluster.local:8222"
+            assert js["account"] == "$G"
+            assert float(js["activationLagThreshold"]) == 0
+        prom = next(t["metadata"] for t in spec["triggers"] if t["type"] == "prometheus")
         assert f'heron_gateway_pending_demand{{pool="{pool}"}}' in prom["query"]
         # Any 202 at all wakes the pool (activation above zero).
         assert float(prom["activationThreshold"]) == 0
-        assert float(js["activationLagThreshold"]) == 0
         grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace >= GatewaySettings().default_timeout_s + 30, "too short to drain"
 

@@ -16,10 +16,12 @@ from heron.runtime.nats_names import (
     CONFIG_STREAM,
     DLQ_STREAM,
     POOLS_BUCKET,
+    RESULTS_BUCKET,
     WorkStreamSpec,
     ensure_config_stream,
     ensure_dlq_stream,
     ensure_pools_bucket,
+    ensure_results_bucket,
     ensure_work_stream,
     work_stream,
 )
@@ -68,8 +70,9 @@ async def test_streams_and_buckets_get_three_replicas(nats_cluster, monkeypatch)
         await ensure_dlq_stream(js)
         await ensure_config_stream(js)
         await ensure_pools_bucket(js)
+        await ensure_results_bucket(js, 1 << 20, 3600.0, 1 << 18)  # a worker's, when on
         for stream in (work_stream("default"), DLQ_STREAM, CONFIG_STREAM,
-                       f"KV_{POOLS_BUCKET}"):
+                       f"KV_{POOLS_BUCKET}", f"KV_{RESULTS_BUCKET}"):
             info = await js.stream_info(stream)
             assert info.config.num_replicas == 3, stream
             assert info.cluster is not None and len(info.cluster.replicas or []) == 2, stream

@@ -159,7 +159,10 @@ def test_through_a_gateway_and_a_worker(http: httpx.Client, cluster_url: str) ->
         # Chunking requests are never coalesced: two of over 1,024 chunks each, sent
         # together, would be over the limit as one work item. (Binary vectors: an item's
         # answer travels in one NATS message, and 1,300 float32 ones would not fit.)
-        small = {"items": [TEXT], "chunking": {"max_tokens": 4}, "output_dtype": "binary"}
+        # timeout_s: the gateway counts each request's ~1,300 estimated chunks in its
+        # admission, at 20 items/s a worker until it has measured the pool's rate.
+        small = {"items": [TEXT], "chunking": {"max_tokens": 4}, "output_dtype": "binary",
+                 "timeout_s": 300}
         with ThreadPoolExecutor(2) as pool:
             answers = list(pool.map(lambda b: cluster.post(MINILM, json=b), [small, small]))
         for answer in answers:
@@ -172,3 +175,36 @@ def test_through_a_gateway_and_a_worker(http: httpx.Client, cluster_url: str) ->
         np.testing.assert_allclose([c["dense"] for c in a["chunks"]],
                                    [c["dense"] for c in b["chunks"]], atol=1e-5)
         np.testing.assert_allclose(a["dense"], b["dense"], atol=1e-5)
+
+
+def test_a_job_with_chunking(http: httpx.Client, cluster_url: str,
+                             cluster_job_root: Path) -> None:
+    """A bulk job takes the same option: each output row holds the chunks encode answers
+    for its text (offsets and vectors), and the pooled vector."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    texts = [TEXT[:3000], "A short one.", TEXT[1000:2500]]
+    source, out = cluster_job_root / "long.jsonl", cluster_job_root / "long.parquet"
+    source.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n"
+                              for i, t in enumerate(texts)))
+    chunking = {"max_tokens": 64, "overlap": 8, "strategy": "sentences", "pool": "mean"}
+    with Client(cluster_url, timeout=60) as client:
+        job = client.jobs.create("minilm", input={"uri": f"file://{source}", "format": "jsonl",
+                                                  "id_field": "id"},
+                                 output={"uri": f"file://{out}", "format": "parquet"},
+                                 chunking=chunking, cache=False)
+        job.wait(timeout_s=60, poll_s=0.2)
+    assert (job.info["state"], job.info["rows_failed"]) == ("succeeded", 0), job.info
+    want = encode(http, {"items": texts, "chunking": chunking})["items"]
+    rows = pq.read_table(out).to_pylist()
+    assert [r["id"] for r in rows] == ["d0", "d1", "d2"]
+    for row, item, text in zip(rows, want, texts, strict=True):
+        assert [(c["start"], c["end"]) for c in row["chunks"]] == \
+            [(c["start"], c["end"]) for c in item["chunks"]]
+        assert_covers(text, row["chunks"])
+        np.testing.assert_allclose([c["dense"] for c in row["chunks"]],
+                                   [c["dense"] for c in item["chunks"]], atol=1e-5)
+        np.testing.assert_allclose(row["dense"], item["dense"], atol=1e-5)
+    assert len(rows[0]["chunks"]) > 5 and len(rows[1]["chunks"]) == 1

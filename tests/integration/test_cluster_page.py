@@ -1,6 +1,7 @@
 """The live cluster page on a real cluster: nats-server, a gateway (uvicorn on loopback)
 and a `heron worker` serving the null bundle, read by headless Chromium and by a plain
-WebSocket client, as a person and a script would read them.
+WebSocket client, as a person and a script would read them; bulk jobs run on that worker
+(a file under the gateway's job root) show there with their progress.
 
 Set HERON_CLUSTER_PAGE_SCREENSHOT=docs/img/cluster-page.png to refresh the docs' screenshot
 (otherwise it goes to the test's temp dir)."""
@@ -25,6 +26,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from heron.gateway.settings import GatewaySettings
 from heron.gateway.status_page import MAX_CLIENTS
 from tests.support.gateway_harness import GatewayThread, start_worker, unique
 from tests.support.nats_server import NatsServer
@@ -41,8 +43,15 @@ def pool() -> str:
 
 
 @pytest.fixture(scope="module")
-def gateway(nats_server: NatsServer, pool: str) -> Iterator[GatewayThread]:
-    gateway = GatewayThread(nats_server.url, {"null": pool}).start()
+def job_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder this module's gateway lets bulk jobs read and write (only its own)."""
+    return tmp_path_factory.mktemp("page-jobs")
+
+
+@pytest.fixture(scope="module")
+def gateway(nats_server: NatsServer, pool: str, job_root: Path) -> Iterator[GatewayThread]:
+    gateway = GatewayThread(nats_server.url, {"null": pool},
+                            settings=GatewaySettings(job_roots=str(job_root))).start()
     yield gateway
     gateway.stop()
 
@@ -92,9 +101,32 @@ def workers_of(snapshot: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {w["worker_id"]: w for w in snapshot["workers"]}
 
 
+def job_of(snapshot: dict[str, Any], job_id: str) -> dict[str, Any] | None:
+    return next((j for j in snapshot.get("jobs", []) if j["id"] == job_id), None)
+
+
+JOB_ROWS = 41  # one of them not JSON: it fails alone
+JOB_MODEL = "null-model"  # the null model's alias: shown as the job names it, like GET /v1/jobs
+
+
+def start_job(gateway: GatewayThread, root: Path, name: str) -> tuple[str, str]:
+    """A small bulk job on the null model (one shard): its id and its output's URI."""
+    lines = [json.dumps({"id": i, "text": f"row {i}"}) for i in range(JOB_ROWS)]
+    lines[5] = "{not json"
+    (root / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    output = f"file://{root}/{name}.parquet"
+    r = httpx.post(gateway.url + "/v1/jobs", timeout=10, json={
+        "model": JOB_MODEL,
+        "input": {"uri": f"file://{root}/{name}.jsonl", "format": "jsonl", "id_field": "id"},
+        "output": {"uri": output, "format": "parquet"}})
+    assert r.status_code == 202, r.text
+    return r.json()["id"], output
+
+
 # ---- the feed, read by a script ---------------------------------------------------------
-def test_feed_shows_the_worker_and_its_throughput(gateway: GatewayThread,
-                                                  worker: ServerProcess, pool: str) -> None:
+def test_feed_shows_the_worker_its_throughput_and_a_job(gateway: GatewayThread,
+                                                        worker: ServerProcess, pool: str,
+                                                        job_root: Path) -> None:
     me = worker_id(worker)
     with connect(ws_url(gateway), open_timeout=10) as ws:
         snapshot = snapshot_where(ws, lambda s: workers_of(s).get(me, {}).get("state")
@@ -119,6 +151,33 @@ def test_feed_shows_the_worker_and_its_throughput(gateway: GatewayThread,
         assert pools[pool]["throughput_items_per_s"] > 0
         models = {m["id"]: m for m in snapshot["models"]}
         assert models[NULL_MODEL]["throughput_items_per_s"] > 0
+
+        # A bulk job: shown from the snapshot after its creation until it is done, its rows
+        # done never going back and reaching its rows total.
+        job_id, output = start_job(gateway, job_root, "feed")
+        seen: list[dict[str, Any]] = []
+
+        def job_done(s: dict[str, Any]) -> bool:
+            shown = job_of(s, job_id)
+            assert shown is not None, f"job {job_id} missing from {s.get('jobs')}"
+            seen.append(shown)
+            return shown["state"] == "succeeded"
+
+        snapshot_where(ws, job_done, 15)
+        done = seen[-1]
+        assert done["model"] == JOB_MODEL and done["output_uri"] == output
+        # Its gateway while it runs (the only one with this root), none once it has ended.
+        assert done["owner"] is None
+        assert {j["owner"] for j in seen if j["state"] == "running"} <= \
+            {gateway.gateway.gateway_id}
+        assert (done["rows_done"], done["rows_total"], done["rows_failed"]) == \
+            (JOB_ROWS, JOB_ROWS, 1)
+        assert done["percent"] == 100.0 and done["error_code"] is None
+        assert done["finished_at"] >= done["created_at"]
+        progress = [j["rows_done"] for j in seen]
+        assert progress == sorted(progress), progress
+        assert all(j["percent"] is None or 0 <= j["percent"] <= 100 for j in seen), seen
+        assert snapshot_where(ws, lambda s: True, 5)["job_counts"]["succeeded"] >= 1
 
 
 def handshake(port: int) -> socket.socket:
@@ -227,11 +286,13 @@ def row_cells(driver: Any, table: str, key: str) -> list[str] | None:
 # Columns of the page's tables (cluster.html)
 W_STATE, W_MODELS, W_RATE = 2, 5, 9
 P_HEALTHY, P_RATE = 5, 8
+J_MODEL, J_STATE, J_PROGRESS, J_ROWS, J_FAILED, J_GATEWAY = 1, 2, 3, 4, 5, 8
 
 
 def test_page_shows_the_worker_then_shows_it_gone(gateway: GatewayThread,
                                                   worker: ServerProcess, browser: Any,
-                                                  pool: str, tmp_path: Path) -> None:
+                                                  pool: str, tmp_path: Path,
+                                                  job_root: Path) -> None:
     from selenium.webdriver.common.by import By
 
     me = worker_id(worker)
@@ -253,6 +314,23 @@ def test_page_shows_the_worker_then_shows_it_gone(gateway: GatewayThread,
     wait_for(lambda: (c := row_cells(browser, "pools", pool)) and float(c[P_RATE]) > 0, 10,
              "the pool's throughput shown")
     assert float(row_cells(browser, "workers", me)[W_RATE]) > 0  # type: ignore[index]
+
+    # The Jobs table: "No bulk jobs." exactly while it has no rows (other tests' jobs on
+    # this nats-server may be there), then this job, run to its end, with a full bar.
+    no_jobs = browser.find_element(By.ID, "no-jobs")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#jobs tbody tr")
+    assert no_jobs.is_displayed() == (not rows)
+    job_id, _ = start_job(gateway, job_root, "page")
+    cells = wait_for(lambda: (c := row_cells(browser, "jobs", job_id)) and
+                     c[J_STATE] == "succeeded" and c, 15, f"job {job_id} shown succeeded")
+    assert cells[J_MODEL] == JOB_MODEL and cells[J_GATEWAY] == "-"  # ended: no gateway
+    assert cells[J_PROGRESS] == "100.0%" and cells[J_ROWS] == f"{JOB_ROWS} / {JOB_ROWS}"
+    assert cells[J_FAILED] == "1"
+    assert not no_jobs.is_displayed()
+    row = browser.find_element(By.CSS_SELECTOR, f'#jobs tbody tr[data-key="{job_id}"]')
+    bar = row.find_element(By.CSS_SELECTOR, ".progress-bar")
+    track = row.find_element(By.CSS_SELECTOR, ".progress")
+    assert bar.size["width"] == track.size["width"] > 0
     shot = Path(os.environ.get("HERON_CLUSTER_PAGE_SCREENSHOT") or tmp_path / "page.png")
     shot.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

@@ -346,6 +346,35 @@ def test_backlog_past_the_bound_is_429(cluster: Cluster) -> None:
     assert r.status_code == 504
 
 
+def test_a_chunked_request_counts_its_estimated_chunks_in_the_backlog(cluster: Cluster
+                                                                      ) -> None:
+    """Three 10,000-character texts in chunks of 100 tokens are about 75 chunks of work
+    (characters / 4 a token at the gateway), not 3 items: with them outstanding, 150 more
+    items are over the bound of 200."""
+    dispatcher = cluster.gateway.gateway.dispatcher
+    pool = cluster.pools["stuck"]
+    long_body = {"items": ["heron " * 1667] * 3, "chunking": {"max_tokens": 100},
+                 "timeout_s": 1.5}
+
+    async def go() -> tuple[httpx.Response, int, httpx.Response]:
+        async with httpx.AsyncClient(base_url=cluster.url, timeout=10) as client:
+            first = asyncio.create_task(client.post("/v1/encode/stuck-dense",
+                                                    json=long_body))
+            while dispatcher.outstanding(pool) == 0:
+                assert not first.done(), first.result().text
+                await asyncio.sleep(0.01)
+            counted = dispatcher.outstanding(pool)
+            second = await client.post("/v1/encode/stuck-dense",
+                                       json={"items": ["y"] * 150, "timeout_s": 1.5})
+            return await first, counted, second
+
+    first, counted, second = asyncio.run(go())
+    assert counted == 3 * 26  # ceil(10,002 / 4 / 100) chunks each
+    assert second.status_code == 429 and second.json()["error"]["code"] == "QUEUE_FULL"
+    assert first.status_code == 504
+    assert dispatcher.outstanding(pool) == 0
+
+
 def test_many_concurrent_requests_each_get_their_own_answer(cluster: Cluster) -> None:
     async def go() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as client:

@@ -108,7 +108,10 @@ def test_a_jsonl_job_writes_every_row_once_with_bad_rows_failed(rig: Rig) -> Non
     for i, row in enumerate(rows):
         if row["id"] not in failed:
             assert row["dense"] == fake_vector(texts[i]).tolist(), i
-    assert not list(rig.root.glob("*.parts")), "the part files are deleted at the end"
+    deadline = time.monotonic() + 10  # deleted once the success is recorded
+    while list(rig.root.glob("*.parts")):
+        assert time.monotonic() < deadline, "the part files are deleted at the end"
+        time.sleep(0.05)
 
 
 def test_csv_to_npy_and_parquet_to_jsonl(rig: Rig) -> None:
@@ -213,6 +216,9 @@ def test_bad_jobs_are_refused_before_they_start(rig: Rig) -> None:
         (body(source, f"file://{rig.root}/no/such/dir/x.parquet"), 422, "INVALID_FIELD"),
         (body(source, f"file://{rig.root}/x.npy", out_fmt="npy",
               output_types=["sparse"]), 422, "UNSUPPORTED_OUTPUT"),
+        (body(source, f"file://{rig.root}/x.npy", out_fmt="npy",
+              chunking={"max_tokens": 8}), 422, "INVALID_FIELD"),  # one vector a row
+        ({**body(source, out), "chunking": {"pool": "max"}}, 422, "INVALID_FIELD"),
         ({**body(source, out), "priority": 0}, 422, "INVALID_FIELD"),
     ]
     with httpx.Client(base_url=rig.url, timeout=10) as http:
@@ -256,8 +262,11 @@ def test_s3_input_and_output(rig: Rig, tmp_path: Path, monkeypatch: pytest.Monke
         lines = [json.loads(line) for line in body.decode().splitlines()]
         assert [line["id"] for line in lines] == [str(i) for i in range(120)]
         assert lines[5]["dense"] == fake_vector(texts[5]).tolist()
-        left = s3.list_objects_v2(Bucket="jobs-s3", Prefix="out/")["Contents"]
-        assert [o["Key"] for o in left] == ["out/rows.jsonl"]  # the parts are gone
+        deadline = time.monotonic() + 10  # the parts go just after success is recorded
+        while [o["Key"] for o in s3.list_objects_v2(
+                Bucket="jobs-s3", Prefix="out/")["Contents"]] != ["out/rows.jsonl"]:
+            assert time.monotonic() < deadline, "the job's parts are still there"
+            time.sleep(0.05)
     finally:
         moto.stop()
 

@@ -2,10 +2,14 @@
 cache (equal vectors, ``cached: true``) in every dims and dtype, ``cache: false`` computes,
 64 identical concurrent requests compute the text once (metrics), and through a gateway
 and a worker following the config service, ``cached`` comes back and a config change of
-the model makes the next answer a fresh computation (worker/result_cache.py)."""
+the model makes the next answer a fresh computation (worker/result_cache.py). With the
+shared tier on (worker/shared_results.py), a second worker in another pool answers what
+the first computed, as ``cached`` with the same vector, unless ``cache: false``; after the
+config change, from the new key only; and with its bucket gone, items are computed."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 import numpy as np
 import pytest
 
+from heron.runtime.nats_names import RESULTS_BUCKET
 from heron_sdk import Client
 from tests.support.cluster_procs import ConfigProcess, WorkerProcess
 from tests.support.gateway_harness import GatewayThread, unique
@@ -24,6 +30,7 @@ from tests.support.nats_server import NatsServer
 from tests.support.servers import ServerProcess, start_serve
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+SHARED = "heron_worker_result_cache_shared_total"
 ENCODE = "/v1/encode/minilm"
 
 
@@ -113,25 +120,56 @@ def _encode(url: str, body: dict[str, Any]) -> dict[str, Any]:
     return r.json()["items"][0]
 
 
-def test_through_a_gateway_and_after_a_config_change(
+def _stored(worker: WorkerProcess, at_least: float) -> None:
+    """Wait for the worker's background writes to the shared tier."""
+    deadline = time.monotonic() + 10
+    while metric(worker.url, SHARED, result="stored") < at_least:
+        assert time.monotonic() < deadline, worker.log_tail()
+        time.sleep(0.05)
+
+
+def _shared_hits(worker: WorkerProcess) -> float:
+    return metric(worker.url, "heron_worker_result_cache_items_total", result="shared")
+
+
+async def _delete_bucket(url: str) -> None:
+    nc = await nats.connect(url)
+    try:
+        await nc.jetstream().delete_key_value(RESULTS_BUCKET)
+    finally:
+        await nc.close()
+
+
+def test_through_a_gateway_after_a_config_change_and_across_workers(
         nats_server: NatsServer, config_service: ConfigProcess, tmp_path: Path) -> None:
     pool = unique("cache")
-    worker = WorkerProcess(nats_server.url, pool, tmp_path,
-                           extra_args=["--config", config_service.url])
+    args = ["--config", config_service.url, "--result-cache-shared-bytes", "64MiB"]
+    worker = WorkerProcess(nats_server.url, pool, tmp_path, extra_args=args)
+    # Another pool, the same bucket: what it answers is what the tier gave it.
+    other = WorkerProcess(nats_server.url, unique("cache-b"), tmp_path, extra_args=args)
     gateway = GatewayThread(nats_server.url, {"default": pool})
     try:
         worker.wait_ready()
+        other.wait_ready()
         gateway.start()
         deadline = time.monotonic() + 60
         while not gateway.gateway.health.has_capacity(pool):  # the worker's first beat
             assert time.monotonic() < deadline, worker.log_tail()
             time.sleep(0.1)
-        t = text()
+        t, t2 = text(), text()
         first = _encode(gateway.url, {"items": [t]})
         again = _encode(gateway.url, {"items": [t]})
         assert "cached" not in first and again["cached"] is True
         assert again["dense"] == first["dense"]
         assert "cached" not in _encode(gateway.url, {"items": [t], "cache": False})
+        assert "cached" not in _encode(gateway.url, {"items": [t2]})
+
+        # The other worker never computed them: the shared tier answers.
+        _stored(worker, 2)
+        shared = _encode(other.url, {"items": [t]})
+        assert shared["cached"] is True and shared["dense"] == first["dense"]
+        assert "cached" not in _encode(other.url, {"items": [t2], "cache": False})
+        assert _shared_hits(other) == 1 and _encode(other.url, {"items": [t2]})["cached"]
 
         # A config change of the model (the config service only adds: a new profile).
         config = httpx.get(f"{config_service.url}/v1/configs/models/{MINILM}",
@@ -140,14 +178,32 @@ def test_through_a_gateway_and_after_a_config_change(
         r = httpx.post(config_service.url + "/v1/configs/models", json=config, timeout=10)
         assert r.status_code == 201, r.text
         deadline = time.monotonic() + 30
-        while worker.metric("heron_worker_config_epoch") < r.json()["epoch"]:
+        while min(w.metric("heron_worker_config_epoch") for w in (worker, other)) < \
+                r.json()["epoch"]:
             assert time.monotonic() < deadline, worker.log_tail()
             time.sleep(0.2)
         after = _encode(gateway.url, {"items": [t]})
-        assert "cached" not in after  # computed again under the new config
+        assert "cached" not in after  # computed again under the new config, no tier hit
         np.testing.assert_allclose(after["dense"], first["dense"], atol=1e-6)
         assert _encode(gateway.url, {"items": [t]})["cached"] is True
         assert worker.metric("heron_worker_result_cache_evictions_total") >= 1
+        _stored(worker, 3)  # under the new key, which the other worker reads
+        assert _encode(other.url, {"items": [t]})["cached"] is True
+        assert _shared_hits(other) == 3
+
+        # The bucket gone (NATS lost it): items are computed, the tier's errors counted,
+        # and the next failed write declares the bucket again.
+        asyncio.run(_delete_bucket(nats_server.url))
+        assert "cached" not in _encode(gateway.url, {"items": [text()]})
+        assert metric(worker.url, SHARED, result="error") >= 1
+        deadline = time.monotonic() + 10
+        t3 = text()
+        while metric(worker.url, SHARED, result="stored") < 4:  # back in use
+            assert time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.1)
+            _encode(gateway.url, {"items": [t3]})
+        assert _encode(other.url, {"items": [t3]})["cached"] is True
     finally:
         gateway.stop()
         worker.stop()
+        other.stop()

@@ -32,6 +32,7 @@ from heron.gateway.routes import GatewayApp
 from heron.gateway.settings import GatewaySettings
 from heron.runtime.nats_names import (
     WorkStreamSpec,
+    bulk_consumer,
     ensure_work_stream,
     status_subject,
     work_consumer,
@@ -198,15 +199,18 @@ class FakeWorker:
         beats = asyncio.create_task(self._beat(nc))
         try:
             if self.answer:
-                sub = await js.pull_subscribe_bind(durable=work_consumer(self.pool),
-                                                   stream=work_stream(self.pool))
+                # Both lanes: interactive work, then bulk jobs' (heron.runtime.nats_names).
+                subs = [await js.pull_subscribe_bind(durable=durable, stream=work_stream(
+                    self.pool)) for durable in (work_consumer(self.pool),
+                                                bulk_consumer(self.pool))]
                 while not self._stop.is_set():
-                    try:
-                        msgs = await sub.fetch(32, timeout=0.2)
-                    except (TimeoutError, NotFoundError, nats.errors.Error):
-                        continue
-                    for msg in msgs:
-                        await self._handle(nc, msg)
+                    for sub in subs:
+                        try:
+                            msgs = await sub.fetch(32, timeout=0.1)
+                        except (TimeoutError, NotFoundError, nats.errors.Error):
+                            continue
+                        for msg in msgs:
+                            await self._handle(nc, msg)
             else:
                 await self._stop.wait()
         finally:

@@ -187,9 +187,35 @@ async def test_window_is_bounded() -> None:
 
 async def test_batches_shrink_while_priorities_mix() -> None:
     """A priority-0 item waits for the forward pass running when it arrives: while two
-    priority levels arrive, batches are an eighth of max_batch_items."""
-    from heron.worker.batcher import MIXED_PRIORITY_BATCH_SHARE
+    priority levels arrive, batches are an eighth of max_batch_items; background work's
+    (BACKGROUND_PRIORITY on, a bulk job's) a 32nd."""
+    from heron.worker.batcher import (
+        BACKGROUND_BATCH_SHARE,
+        BACKGROUND_PRIORITY,
+        MIXED_PRIORITY_BATCH_SHARE,
+    )
 
+    for low, share in ((1, MIXED_PRIORITY_BATCH_SHARE),
+                       (BACKGROUND_PRIORITY, BACKGROUND_BATCH_SHARE)):
+        alone = new(max_tokens=10_000, max_items=64)
+        make(alone, [5] * 40, priority=low)
+        assert len(await alone.next_batch()) == 40
+
+        mixed = new(max_tokens=10_000, max_items=64)
+        make(mixed, [5] * 40, priority=low)
+        make(mixed, [5] * 12, priority=0)
+        sizes = []
+        while len(mixed):
+            batch = await mixed.next_batch()
+            sizes.append((batch[0].priority, len(batch)))
+        # the urgent first, in batches of their own
+        assert sizes[:2] == [(0, 64 // MIXED_PRIORITY_BATCH_SHARE), (0, 4)], low
+        assert {n for p, n in sizes[2:]} == {64 // share}, low
+        assert sum(n for _, n in sizes) == 52
+
+
+async def test_batches_shrink_while_priorities_mix_small_bound() -> None:
+    """The same with a small max_batch_items: never under one item a batch."""
     alone = new(max_tokens=10_000, max_items=16)
     make(alone, [5] * 40, priority=1)
     assert len(await alone.next_batch()) == 16
@@ -202,7 +228,7 @@ async def test_batches_shrink_while_priorities_mix() -> None:
     sizes = [len(first)]
     while len(mixed):
         sizes.append(len(await mixed.next_batch()))
-    assert sum(sizes) == 41 and max(sizes) == 16 // MIXED_PRIORITY_BATCH_SHARE
+    assert sum(sizes) == 41 and set(sizes) == {2, 1}
 
 
 async def test_a_request_bigger_than_the_bound_runs_alone_when_the_queue_is_empty() -> None:
@@ -228,3 +254,38 @@ async def test_refuses_what_the_queue_would_not_finish_before_the_deadline() -> 
     assert err.value.retry_after_s == 3.0  # 3.01 s of work, 0.85 s usable
     make(b, [10], deadline=time.monotonic() + 10.0)  # time enough: taken
     assert len(b) == 31
+
+
+async def test_a_batch_holds_nothing_of_lower_priority_than_its_anchor_while_mixed() -> None:
+    """An interactive item among a bulk job's items of the same length runs in a batch of
+    its own level: filled with bulk items, it would wait for them (and the next one too)."""
+    b = new(max_tokens=10_000, max_items=64)
+    make(b, [5] * 40, priority=10)
+    urgent = make(b, [5, 5, 5], priority=0)
+    first = await b.next_batch()
+    assert sorted(map(id, first)) == sorted(map(id, urgent))
+    rest = [await b.next_batch() for _ in range(20)]
+    assert all(item.priority == 10 for batch in rest for item in batch)
+    assert sum(map(len, rest)) == 40 and len(b) == 0
+
+
+async def test_worse_work_waits_a_moment_after_better_work_for_its_clients_to_return() -> None:
+    """Closed-loop interactive clients send again a few ms after their answer: a bulk
+    batch started in that gap would hold them back, so it starts only after a quiet
+    BACKGROUND_QUIET_S, and what comes back meanwhile goes first."""
+    from heron.worker.batcher import BACKGROUND_QUIET_S as LOW_PRIORITY_QUIET_S
+
+    b = new(max_tokens=10_000, max_items=64)
+    make(b, [5] * 4, priority=10)
+    first = make(b, [5], priority=0)
+    assert await b.next_batch() == first
+    loop = asyncio.get_running_loop()
+    returning: list[WorkItem] = []
+    loop.call_later(LOW_PRIORITY_QUIET_S / 4,
+                    lambda: returning.extend(make(b, [5], priority=0)))
+    assert await b.next_batch() == returning  # came back within the quiet time
+    started = time.monotonic()
+    bulk = await b.next_batch()
+    assert {i.priority for i in bulk} == {10}
+    assert time.monotonic() - started >= LOW_PRIORITY_QUIET_S * 0.9
+    assert {i.priority for i in await b.next_batch()} == {10} and len(b) == 0

@@ -1,17 +1,25 @@
 """The cluster page's data: throughput from heartbeat counters (gateway/health.py) and the
 snapshot the gateway pushes on /ws/cluster-status (gateway/status_page.py), read through
 Starlette's TestClient against a real gateway app that has no NATS (beats are fed as its
-NATS subscription would feed them)."""
+NATS subscription would feed them, job records as its jobs bucket's watcher would)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 
 from heron.gateway.app import create_app
 from heron.gateway.health import THROUGHPUT_WINDOW_S, WorkerHealth
+from heron.gateway.job_store import JobRecord
 from heron.gateway.routes import GatewayApp
-from heron.gateway.status_page import GONE_SHOWN_S
+from heron.gateway.status_page import (
+    GONE_SHOWN_S,
+    JOB_TEXT_MAX_CHARS,
+    JOBS_FINISHED_SHOWN,
+    JOBS_UNFINISHED_SHOWN,
+)
 from tests.support.beats import Clock, beat
 
 
@@ -103,6 +111,9 @@ def test_snapshot_shows_pools_workers_and_models(gateway: tuple[GatewayApp, Test
     assert snapshot["gateway_id"] == g.gateway_id
     assert snapshot["nats_connected"] is False and snapshot["ready"] is False
     assert snapshot["throughput_window_s"] == THROUGHPUT_WINDOW_S
+    assert snapshot["jobs"] == []  # no job yet: the page says so
+    assert snapshot["job_counts"] == {"queued": 0, "running": 0, "succeeded": 0,
+                                      "failed": 0, "cancelled": 0}
 
     assert snapshot["pools"] == [{
         "name": "nullpool", "bundle": "null", "kind": "static", "bundle_hash": bundle_hash,
@@ -167,3 +178,85 @@ def test_the_page_and_only_its_files_are_served(gateway: tuple[GatewayApp, TestC
                  client.get("/static/cluster.css").text):
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", "")
         assert "https://" not in text and "//cdn" not in text
+
+
+# ---- bulk jobs in the snapshot ------------------------------------------------------------
+def job(n: int, state: str = "queued", *, created_at: float = 0.0,
+        finished_at: float | None = None, rows_total: int | None = None, rows_done: int = 0,
+        model: str = "heron/null", output_uri: str | None = None,
+        **extra: Any) -> JobRecord:
+    return JobRecord(id=f"job_{n:020x}", shard_rows=256, state=state,
+                     spec={"model": model, "input": {"uri": "file:///d/in.jsonl"},
+                           "output": {"uri": output_uri or f"file:///d/out-{n}.parquet"}},
+                     created_at=created_at, finished_at=finished_at, rows_total=rows_total,
+                     rows_done=rows_done, **extra)
+
+
+def show_jobs(g: GatewayApp, client: TestClient, *records: JobRecord) -> dict[str, Any]:
+    """The snapshot a page gets once the gateway's job mirror holds ``records``."""
+    g.jobs.loop.mirror.records = {r.id: (r, 1) for r in records}
+    with client.websocket_connect("/ws/cluster-status") as ws:
+        snapshot: dict[str, Any] = ws.receive_json()
+    return snapshot
+
+
+def test_jobs_running_first_then_queued_then_the_last_finished(
+        gateway: tuple[GatewayApp, TestClient]) -> None:
+    g, client = gateway
+    records = [
+        job(1, "queued", created_at=50.0),
+        job(2, "running", created_at=200.0, rows_total=1000, rows_done=999, rows_failed=4,
+            rows_per_s=250.0, eta_s=0.4, owner="gw-b"),
+        job(3, "running", created_at=100.0, rows_total=10_000, rows_done=9_999,
+            owner="gw-a"),
+        job(4, "queued", created_at=300.0),
+        # finished 1000 + n seconds in: 20 succeeded, one failed, one cancelled
+        *(job(n, "succeeded", created_at=n, finished_at=1000.0 + n, rows_total=n,
+              rows_done=n, eta_s=0.0) for n in range(10, 30)),
+        job(40, "failed", created_at=40.0, finished_at=1040.0, rows_total=None,
+            error={"code": "INVALID_FIELD", "message": "input.uri: row 3 says 'secret'"}),
+        job(41, "cancelled", created_at=41.0, finished_at=1026.5, rows_total=80,
+            rows_done=20),
+    ]
+    snapshot = show_jobs(g, client, *reversed(records))  # the mirror's order is no order
+    jobs = snapshot["jobs"]
+    ids = [j["id"] for j in jobs]
+    newest_finished = [job(n).id for n in (40, 29, 28, 27, 41, 26, 25, 24, 23, 22)]
+    assert ids == [job(3).id, job(2).id, job(1).id, job(4).id, *newest_finished]
+    assert len(newest_finished) == JOBS_FINISHED_SHOWN
+    assert snapshot["job_counts"] == {"queued": 2, "running": 2, "succeeded": 20,
+                                      "failed": 1, "cancelled": 1}
+
+    by_id = {j["id"]: j for j in jobs}
+    assert by_id[job(2).id] == {
+        "id": job(2).id, "model": "heron/null", "state": "running", "rows_total": 1000,
+        "rows_done": 999, "rows_failed": 4, "percent": 99.9, "rows_per_s": 250.0,
+        "eta_s": 0.4, "owner": "gw-b", "output_uri": "file:///d/out-2.parquet",
+        "error_code": None, "created_at": 200.0, "finished_at": None}
+    # floored: 9,999 of 10,000 rows is not shown as done
+    assert by_id[job(3).id]["percent"] == 99.9
+    assert by_id[job(1).id]["percent"] is None  # queued: its size is not known yet
+    assert by_id[job(29).id]["percent"] == 100.0
+    assert by_id[job(41).id]["percent"] == 25.0
+    failed = by_id[job(40).id]
+    assert failed["state"] == "failed" and failed["error_code"] == "INVALID_FIELD"
+    assert "secret" not in str(snapshot)  # the message may quote the input: not shown
+
+
+def test_the_jobs_shown_are_bounded_however_many_there_are(
+        gateway: tuple[GatewayApp, TestClient]) -> None:
+    g, client = gateway
+    records = [job(n, "queued", created_at=float(n), model="m" * 100_000,
+                   output_uri="file:///" + "u" * 100_000) for n in range(500)]
+    records += [job(n, "succeeded", created_at=float(n), finished_at=float(n),
+                    rows_total=1, rows_done=1) for n in range(500, 3500)]
+    snapshot = show_jobs(g, client, *records)
+    jobs = snapshot["jobs"]
+    assert len(jobs) == JOBS_UNFINISHED_SHOWN + JOBS_FINISHED_SHOWN
+    # the oldest queued (the next to run) and the newest finished
+    assert jobs[0]["id"] == job(0).id and jobs[JOBS_UNFINISHED_SHOWN]["id"] == job(3499).id
+    assert len(jobs[0]["model"]) == len(jobs[0]["output_uri"]) == JOB_TEXT_MAX_CHARS
+    assert snapshot["job_counts"]["queued"] == 500
+    assert snapshot["job_counts"]["succeeded"] == 3000
+    assert g.status_page is not None
+    assert len(g.status_page.encoded_snapshot()) < 64 << 10

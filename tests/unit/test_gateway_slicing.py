@@ -94,3 +94,19 @@ def test_slices_cover_every_item_once_within_bounds(lengths: list[int], max_item
         assert 1 <= s.count <= max_items
         tokens = sum(estimate_tokens(i.text) for i in items[s.start:s.stop])
         assert s.count == 1 or tokens <= max_tokens
+
+
+def test_chunk_weights_estimate_each_items_chunks() -> None:
+    from heron.gateway.slicing import CHUNK_TOKENS_UNKNOWN, chunk_weights
+    from heron_sdk.chunking import ChunkingOptions
+
+    items = [Item("a" * 4000), Item("short"), Item("b" * 400)]  # ~1000, 2, 100 tokens
+    assert chunk_weights(items, None, None) is None  # not chunked: an item each
+    assert chunk_weights(items, ChunkingOptions(max_tokens=100), None) == [10, 1, 1]
+    # overlap: each chunk after the first advances max_tokens - overlap tokens
+    assert chunk_weights(items, ChunkingOptions(max_tokens=100, overlap=50), None) == \
+        [19, 1, 1]  # windows end at 100, 150, ... 1000
+    # the model's limit less its two special tokens, or a guess when the config has none
+    assert chunk_weights(items, ChunkingOptions(), 102) == [10, 1, 1]
+    assert chunk_weights(items, ChunkingOptions(), None) == \
+        [-(-1000 // CHUNK_TOKENS_UNKNOWN), 1, 1]

@@ -31,7 +31,7 @@ from heron.runtime.job_files import (
     part_name,
     parts_of,
 )
-from heron.runtime.job_output import NPY_ROWS_SUFFIX, write_output
+from heron.runtime.job_output import NPY_ROWS_SUFFIX, Columns, write_output
 from heron_sdk.errors import ErrorCode, HeronError
 from heron_sdk.jobs import JobSpec
 
@@ -160,7 +160,7 @@ def test_the_output_joins_the_parts_in_order(tmp_path: Path, fmt: str) -> None:
     assert isinstance(parts, FileParts) and parts.folder.name == f"out.{fmt}.job_x.parts"
     _parts(parts.folder)
     done = done_shards(parts.names())
-    write_output(out, fmt, parts, ShardPlan(3, 2), done, ("dense",), "float32")
+    write_output(out, fmt, parts, ShardPlan(3, 2), done, Columns(("dense",)), "float32")
     if fmt == "parquet":
         table = pq.read_table(out.path).to_pylist()
         assert [r["id"] for r in table] == ["a", "b", "c"]
