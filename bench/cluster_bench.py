@@ -213,7 +213,7 @@ def run(quick: bool, out: Path, long_tail: bool = False, workers: int = 1,
 
     log("null model: Heron's own overhead")
     batch = work / "batch64.txt"
-    batch.write_text("".join(json.dumps({"items": texts[i:i + 64]}) + "\n"
+    batch.write_text("".join(json.dumps({"items": texts[i:i + 64], "cache": False}) + "\n"
                              for i in range(0, len(texts) - 63, 64)))
     with local_cluster("null", work / "null", 1, 0, worker_cpus,
                        other_cpus, inference_cpus) as (gateway, worker):

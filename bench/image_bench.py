@@ -78,7 +78,7 @@ def main() -> None:
         root = Path(tmp)
         bodies = root / "bodies.jsonl"
         bodies.write_text("".join(json.dumps({"items": [{"image": base64.b64encode(
-            image).decode()}]}) + "\n" for image in images))
+            image).decode()}], "cache": False}) + "\n" for image in images))
         bundle = write_bundle(root)
         with start_server(root / "serve.log", bundle=str(bundle), workers=args.workers,
                           threads=args.threads) as server:

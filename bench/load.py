@@ -25,8 +25,10 @@ def find_wrk() -> str:
 
 
 def write_bodies(texts: list[str], path: Path) -> None:
-    """One single-item encode body per line, for wrk_encode.lua."""
-    path.write_text("".join(json.dumps({"items": [t]}) + "\n" for t in texts))
+    """One single-item encode body per line, for wrk_encode.lua. ``cache: false``: wrk
+    cycles through the texts, and the worker's result cache would answer every repeat
+    without a forward pass (bench/cache_bench.py measures the cache)."""
+    path.write_text("".join(json.dumps({"items": [t], "cache": False}) + "\n" for t in texts))
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,8 @@ TARGET_RATIO = 1.3  # the target: Heron >= 1.3x the best peer's throughput, p99 
 TARGETS = {
     "heron": Target(
         "heron", "heron serve, default bundle (dynamic length-aware batching)",
-        "/v1/encode/minilm", lambda t: {"items": [t]}, lambda r: r["items"][0]["dense"],
+        "/v1/encode/minilm", lambda t: {"items": [t], "cache": False},  # as Infinity's
+        lambda r: r["items"][0]["dense"],
         package="heron"),
     "infinity": Target(
         "infinity", "Infinity (infinity-emb) v2 CLI, torch engine, OpenAI-style /embeddings",

@@ -54,8 +54,9 @@ class WorkerCluster:
         self.follower: ConfigFollower | None = None
         self.config_epoch = -1
         self._models_loaded: asyncio.Task[None] | None = None
-        self.lookahead_items = self.settings.lookahead(
-            on_gpu=registry.device_override != "cpu" and torch.cuda.is_available())
+        on_gpu = registry.device_override != "cpu" and torch.cuda.is_available()
+        self.lookahead_items = self.settings.lookahead(on_gpu)
+        self.lookahead_busy_items = self.settings.lookahead_busy(on_gpu)
 
     @property
     def connected(self) -> bool:
@@ -95,7 +96,9 @@ class WorkerCluster:
         await asyncio.shield(self._models_loaded)
         consumer = WorkConsumer(nc, self.service, self.spec,
                                 max_in_flight=self.settings.max_work_items_in_flight,
-                                lookahead_items=self.lookahead_items, metrics=self.metrics)
+                                lookahead_items=self.lookahead_items,
+                                lookahead_busy_items=self.lookahead_busy_items,
+                                metrics=self.metrics)
         await consumer.start()  # declares the stream and its consumer (StreamMismatch: retried)
         self.consumer = consumer
         self.registry.arrivals_open = consumer.can_fetch

@@ -24,6 +24,10 @@ from heron_sdk.types import MAX_BODY_BYTES
 # batches must be big to use the device.
 CPU_FETCH_LOOKAHEAD = 16
 GPU_FETCH_LOOKAHEAD = 128
+# While a forward pass runs, a CPU worker holds nothing more: what arrives meanwhile waits in
+# the stream for whichever worker is free first (WorkConsumer.lookahead). On a GPU the pass
+# is short and the next batch is fetched and tokenized during it, so the lookahead stays.
+CPU_FETCH_LOOKAHEAD_BUSY = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,11 @@ class WorkerSettings(InferenceServerSettings):
               "stays in the stream for the pool's other workers (auto: by device)",
         env="HERON_FETCH_LOOKAHEAD", minimum=1,
         shown=f"`auto`: {CPU_FETCH_LOOKAHEAD} on CPU, {GPU_FETCH_LOOKAHEAD} on CUDA")
+    fetch_lookahead_busy: int | None = setting(
+        None, "Queue mode: the same while a forward pass is running; what arrives meanwhile "
+              "is left to a free worker (auto: by device)", env="HERON_FETCH_LOOKAHEAD_BUSY",
+        minimum=0,
+        shown=f"`auto`: {CPU_FETCH_LOOKAHEAD_BUSY} on CPU, the lookahead on CUDA")
     default_timeout_s: float = setting(
         30.0, "Deadline of a request to the worker's own HTTP API that sets no timeout_s",
         above=0)
@@ -86,3 +95,9 @@ class WorkerSettings(InferenceServerSettings):
         if self.fetch_lookahead is not None:
             return self.fetch_lookahead
         return GPU_FETCH_LOOKAHEAD if on_gpu else CPU_FETCH_LOOKAHEAD
+
+    def lookahead_busy(self, on_gpu: bool) -> int:
+        """``fetch_lookahead_busy``, or its default for the device."""
+        if self.fetch_lookahead_busy is not None:
+            return self.fetch_lookahead_busy
+        return self.lookahead(on_gpu) if on_gpu else CPU_FETCH_LOOKAHEAD_BUSY

@@ -4,6 +4,7 @@ service is a stand-in whose forward pass the test controls):
 - a busy worker holds at most ``lookahead_items`` beyond its running forward pass, so
   the rest stays in the stream for an idle worker of the same pool (and while it holds
   that many, ``can_fetch`` tells its batchers that no more work can come);
+- while a forward pass runs it holds at most ``lookahead_busy_items`` (0 on CPU);
 - an item that computes for longer than the ack wait is kept alive, not redelivered.
 """
 
@@ -43,6 +44,13 @@ class HeldService:
         return Outcome({"model": model, "items": [{"dense": [1.0]}]}, Timings(), model)
 
 
+class PassService(HeldService):
+    """Its calls are the items of one forward pass that runs until ``release``."""
+
+    def items_in_forward(self) -> int:
+        return 0 if self.released.is_set() else len(self.calls)
+
+
 class SlowService(HeldService):
     """Every call takes ``seconds``."""
 
@@ -56,8 +64,8 @@ class SlowService(HeldService):
         return Outcome({"model": model, "items": [{"dense": [1.0]}]}, Timings(), model)
 
 
-async def _publish(js: Any, pool: str, inbox: str, texts: list[str]) -> None:
-    for i, text in enumerate(texts):
+async def _publish(js: Any, pool: str, inbox: str, texts: list[str], first: int = 0) -> None:
+    for i, text in enumerate(texts, first):
         await js.publish(work_subject(pool, "m"), wire.encode({"items": [text]}, wire.MSGPACK),
                          headers=WorkItemHeaders(f"r{i}", "encode", "m", inbox, 0, 1, None,
                                                  0).to_wire())
@@ -72,6 +80,13 @@ async def _answers(sub: Any, n: int, timeout_s: float = 15.0) -> list[str]:
         assert "error" not in result or result["error"] is None, result
         ids.append(result["request_id"])
     return ids
+
+
+async def _stop(nc: Any, service: HeldService, *consumers: WorkConsumer) -> None:
+    service.released.set()  # a pass that never ends would hold the drain up
+    for consumer in consumers:
+        await consumer.drain()
+    await nc.close()
 
 
 async def test_a_busy_worker_leaves_work_for_an_idle_one(nats_server: NatsServer) -> None:
@@ -111,10 +126,43 @@ async def test_a_busy_worker_leaves_work_for_an_idle_one(nats_server: NatsServer
         assert busy.can_fetch()
         assert sorted(answered) == sorted(f"r{i}" for i in range(20))  # each exactly once
     finally:
-        busy_service.released.set()
-        await busy.drain()
-        await idle.drain()
-        await nc.close()
+        await _stop(nc, busy_service, busy, idle)
+
+
+async def test_a_worker_in_a_forward_pass_takes_nothing_more(nats_server: NatsServer) -> None:
+    pool = f"p{uuid.uuid4().hex[:8]}"
+    spec = WorkStreamSpec(pool=pool)
+    nc = await nats.connect(nats_server.url)
+    service, idle_service = PassService(), SlowService(0.0)
+    worker = WorkConsumer(nc, service, spec, lookahead_items=4,  # type: ignore[arg-type]
+                          lookahead_busy_items=0)
+    idle = WorkConsumer(nc, idle_service, spec, lookahead_items=4)  # type: ignore[arg-type]
+    inbox = f"_INBOX.heron.passtest.{uuid.uuid4().hex[:6]}"
+    sub = await nc.subscribe(inbox)
+    try:
+        await worker.start()
+        assert worker.lookahead() == 4  # the model is free: a batch may gather 4
+        await _publish(nc.jetstream(), pool, inbox, ["first"])
+        for _ in range(100):
+            if service.calls:
+                break
+            await asyncio.sleep(0.02)
+        assert service.calls == ["first"]  # now in its forward pass
+        assert (worker.lookahead(), worker.backlog, worker.can_fetch()) == (0, 0, False)
+        await _publish(nc.jetstream(), pool, inbox, [f"text {i}" for i in range(8)], first=1)
+        await asyncio.sleep(0.3)
+        assert service.calls == ["first"]  # it took nothing while the pass ran
+
+        await idle.start()  # a free worker of the pool gets everything that arrived
+        answered = await _answers(sub, 8)
+        assert len(idle_service.calls) == 8
+
+        service.released.set()  # the pass ends: answered, and fetching again
+        answered += await _answers(sub, 1)
+        assert worker.lookahead() == 4 and worker.can_fetch()
+        assert sorted(answered) == sorted(f"r{i}" for i in range(9))  # each exactly once
+    finally:
+        await _stop(nc, service, worker, idle)
 
 
 @pytest.mark.slow

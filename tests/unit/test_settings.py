@@ -162,6 +162,9 @@ def test_the_defaults_are_the_numbers_the_code_runs_with() -> None:
     assert WorkStreamSettings().stream_spec("p") == nats_names.WorkStreamSpec(pool="p")
     assert gateway.max_body_bytes == worker.max_body_bytes == MAX_BODY_BYTES
     assert worker.lookahead(on_gpu=False) == consumer.CPU_FETCH_LOOKAHEAD
+    assert (worker.lookahead_busy(on_gpu=False), worker.lookahead_busy(on_gpu=True)) == (
+        0, worker.lookahead(on_gpu=True))
+    assert WorkerSettings(fetch_lookahead_busy=3).lookahead_busy(on_gpu=False) == 3
     parameters = inspect.signature(consumer.WorkConsumer).parameters
     assert worker.max_work_items_in_flight == parameters["max_in_flight"].default
     drain = inspect.signature(consumer.WorkConsumer.drain).parameters["timeout_s"].default

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.tokenization_utils_base import PaddingStrategy, TruncationStrategy
 
 from heron.runtime.adapters import adapter_family
 from heron.runtime.checkpoint import Checkpoint, CheckpointError
@@ -400,6 +401,8 @@ class Adapter(ABC):
 
     def _encode_texts(self, inputs: list[TextInput], max_length: int) -> list[Tokenized]:
         pairs = bool(inputs) and isinstance(inputs[0], tuple)
+        if not (pairs or self.needs_offsets or self.needs_special_mask) and self.tokenizer.is_fast:
+            return self._encode_plain(inputs, max_length)  # type: ignore[arg-type]
         kwargs: dict[str, Any] = {
             "truncation": "only_second" if pairs else True,
             "max_length": max_length,
@@ -430,6 +433,26 @@ class Adapter(ABC):
             )
             for i, ids in enumerate(enc["input_ids"])
         ]
+
+    def _encode_plain(self, texts: list[str], max_length: int) -> list[Tokenized]:
+        """Single texts needing no character offsets: the Rust tokenizer's
+        ``encode_batch_fast`` (offsets not computed) after transformers sets its truncation
+        exactly as its own call would, without transformers' conversion of every encoding.
+        MiniLM, 134-character texts, 9 a call: 39 us a text against 51 (encode's whole
+        tokenize step on a worker)."""
+        tok = self.tokenizer
+        tok.set_truncation_and_padding(  # type: ignore[attr-defined]
+            padding_strategy=PaddingStrategy.DO_NOT_PAD,
+            truncation_strategy=TruncationStrategy.LONGEST_FIRST, max_length=max_length,
+            stride=0, pad_to_multiple_of=None, padding_side=None)
+        backend = tok.backend_tokenizer  # type: ignore[attr-defined]
+        split = getattr(tok, "split_special_tokens", False)
+        if backend.encode_special_tokens != split:
+            backend.encode_special_tokens = split
+        with_type_ids = "token_type_ids" in tok.model_input_names
+        return [Tokenized(input_ids=enc.ids, token_type_ids=enc.type_ids if with_type_ids
+                          else None, truncated=False, text=text)
+                for text, enc in zip(texts, backend.encode_batch_fast(texts), strict=True)]
 
     # ---- collate, forward, postprocess (inference thread) -----------------------------
     def collate(self, items: list[Tokenized]) -> Batch:
