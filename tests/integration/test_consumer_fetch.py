@@ -165,6 +165,41 @@ async def test_a_worker_in_a_forward_pass_takes_nothing_more(nats_server: NatsSe
         await _stop(nc, service, worker, idle)
 
 
+async def test_a_worker_on_a_bulk_job_still_fetches_interactive_work(
+        nats_server: NatsServer) -> None:
+    """A bulk job's pass is background work: interactive items that arrive during it are
+    fetched, to be the next pass."""
+    pool = f"q{uuid.uuid4().hex[:8]}"
+    spec = WorkStreamSpec(pool=pool)
+    nc = await nats.connect(nats_server.url)
+    service = PassService()
+    worker = WorkConsumer(nc, service, spec, lookahead_items=4,  # type: ignore[arg-type]
+                          lookahead_busy_items=0)
+    inbox = f"_INBOX.heron.bulktest.{uuid.uuid4().hex[:6]}"
+    sub = await nc.subscribe(inbox)
+    try:
+        await worker.start()
+        js = nc.jetstream()
+        await js.publish(work_subject(pool, "m", bulk=True), wire.encode(
+            {"items": ["shard"]}, wire.MSGPACK), headers=WorkItemHeaders(
+            "job", "encode", "m", inbox, 0, 1, None, 10).to_wire())
+        for _ in range(100):
+            if service.calls:
+                break
+            await asyncio.sleep(0.02)
+        assert service.calls == ["shard"] and worker.lookahead() == 4
+        await _publish(js, pool, inbox, [f"text {i}" for i in range(3)])
+        for _ in range(100):
+            if len(service.calls) == 4:
+                break
+            await asyncio.sleep(0.02)
+        assert sorted(service.calls) == ["shard", "text 0", "text 1", "text 2"]
+        service.released.set()
+        assert sorted(await _answers(sub, 4)) == ["job", "r0", "r1", "r2"]
+    finally:
+        await _stop(nc, service, worker)
+
+
 @pytest.mark.slow
 async def test_an_item_longer_than_the_ack_wait_is_not_redelivered(
         nats_server: NatsServer) -> None:
