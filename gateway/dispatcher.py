@@ -58,7 +58,7 @@ from heron.gateway.slicing import (
 )
 from heron.runtime import telemetry
 from heron.runtime.nats_link import NatsLink
-from heron.runtime.nats_names import reply_subject, work_subject
+from heron.runtime.nats_names import Lane, lane_of, reply_subject, work_subject
 from heron.runtime.protocol import ProtocolError, WorkItemHeaders, WorkResult
 from heron_sdk import wire
 from heron_sdk.errors import ErrorCode, HeronError
@@ -106,6 +106,12 @@ class WorkRequest:
     # Each item's weight in admission and the backlog (gateway/slicing.chunk_weights: a
     # chunked item's estimated chunks); None: one each.
     weights: list[int] | None = None
+
+    @property
+    def lane(self) -> Lane:
+        """Its work items' lane in the pool's stream: priority 0 first, then the other
+        priorities, then bulk jobs (heron.runtime.nats_names.Lane)."""
+        return lane_of(self.priority, self.bulk)
 
     def cost(self) -> int:
         """Items this request counts as in admission and the pool's backlog."""
@@ -223,7 +229,7 @@ class Dispatcher:
                                     attributes={"messaging.system": "nats",
                                                 "messaging.destination.name":
                                                     work_subject(work.pool, work.model_id,
-                                                                 work.bulk),
+                                                                 work.lane),
                                                 "heron.work_items": len(encoded)}):
                     await self._publish(work, reply, deadline, encoded)
                 timings["publish"] = time.monotonic() - pending.published_at
@@ -354,7 +360,7 @@ class Dispatcher:
             pending.group = group_key
             pending.published_at = left_at
             pending.reassembly.gateway_timings["coalesce"] = left_at - member.joined_at
-        subject = work_subject(key.pool, key.model_id)
+        subject = work_subject(key.pool, key.model_id, lane_of(key.priority))
         headers = WorkItemHeaders(group.members[0].request_id, key.task, key.model_id,
                                   reply_subject(self.gateway_id, group_key), 0, group.items,
                                   group.deadline, key.priority).to_wire()
@@ -404,7 +410,7 @@ class Dispatcher:
 
     async def _publish(self, work: WorkRequest, reply: str, deadline: float,
                        encoded: list[tuple[Slice, bytes]]) -> None:
-        subject = work_subject(work.pool, work.model_id, work.bulk)
+        subject = work_subject(work.pool, work.model_id, work.lane)
         # Retries stop at the deadline or after publish_retry_max_s, whichever comes first.
         give_up_at = time.monotonic() + min(self._remaining(work),
                                             self.settings.publish_retry_max_s)

@@ -39,12 +39,12 @@ from heron.runtime import telemetry
 from heron.runtime.image_urls import ImageFetcher
 from heron.runtime.logs import bind_request
 from heron.runtime.nats_names import (
+    Lane,
     WorkStreamSpec,
-    bulk_consumer,
     dlq_subject,
     ensure_dlq_stream,
     ensure_work_stream,
-    work_consumer,
+    lane_consumer,
     work_stream,
 )
 from heron.runtime.protocol import ProtocolError, WorkItemHeaders, WorkResult
@@ -80,14 +80,15 @@ RESULT_HEADROOM_BYTES = 1024
 
 class _Hold:
     """A fetched work item's items, counted in the worker's backlog until computed (not
-    while ``suspend``ed: waiting for its gateway's verdict, it blocks no fetching). A bulk
-    lane work item holds none: that lane counts work items (_bulk_fetch_loop)."""
+    while ``suspend``ed: waiting for its gateway's verdict, it blocks no fetching), and
+    (``first``) among the first lane's. A bulk lane work item holds none: that lane counts
+    work items (_bulk_fetch_loop)."""
 
-    __slots__ = ("consumer", "counted", "items")
+    __slots__ = ("consumer", "counted", "first", "items")
 
-    def __init__(self, consumer: WorkConsumer, items: int) -> None:
-        self.consumer, self.items, self.counted = consumer, items, True
-        consumer._held_items += items
+    def __init__(self, consumer: WorkConsumer, items: int, first: bool) -> None:
+        self.consumer, self.items, self.first, self.counted = consumer, items, first, False
+        self.resume()
 
     def release(self) -> None:
         self.suspend()
@@ -96,12 +97,16 @@ class _Hold:
     def suspend(self) -> None:
         if self.counted and self.items:
             self.consumer._held_items -= self.items
+            if self.first:
+                self.consumer._first_items_held -= self.items
             self.consumer._backlog_moved.set()
         self.counted = False
 
     def resume(self) -> None:
         if not self.counted and self.items:
             self.consumer._held_items += self.items
+            if self.first:
+                self.consumer._first_items_held += self.items
         self.counted = True
 
 
@@ -150,10 +155,11 @@ class WorkConsumer:
         self._in_flight: set[asyncio.Task] = set()
         self._room = asyncio.Semaphore(max_in_flight)
         self._held_items = 0  # items fetched and not yet computed (waiting or in a forward)
+        self._first_items_held = 0  # of those, the first lane's (priority 0)
         self._bulk_items_held = 0  # bulk lane work items fetched and not yet answered
         self._backlog_moved = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._bulk_task: asyncio.Task | None = None
+        self._subs: dict[Lane, Any] = {}
+        self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
         self.handled = 0
         self.metrics = metrics
@@ -169,12 +175,29 @@ class WorkConsumer:
         HTTP requests' items counts too: a worker serving both fetches a little more.)"""
         return max(0, self._held_items - self.service.items_in_forward())
 
+    @property
+    def first_waiting(self) -> int:
+        """Items of the first lane (priority 0) held that wait for a forward pass, at most
+        (which lane's items a pass holds is the batcher's business: the least of the
+        first lane's held items and the backlog)."""
+        return min(self._first_items_held, self.backlog)
+
     def can_fetch(self) -> bool:
         """Whether more work may be fetched now: False while the worker holds all it may
         (the batchers then do not wait for more: nothing comes before a batch is taken)."""
         return self.backlog < self.lookahead() and not self._room.locked()
 
-    def lookahead(self) -> int:
+    def room(self, lane: Lane) -> int:
+        """Items the fetch loop of ``lane`` may take now. The first lane's counts only its
+        own waiting items; the low lane's takes nothing while a first-lane item waits here
+        for a forward pass (it is fetched only after them, as the batcher runs it after)."""
+        if lane is Lane.FIRST:
+            return self.lookahead(lane) - self.first_waiting
+        if self.first_waiting:
+            return 0
+        return self.lookahead(lane) - self.backlog
+
+    def lookahead(self, lane: Lane = Lane.FIRST) -> int:
         """Items this worker may hold beyond its forward passes now: ``lookahead_busy_items``
         while one runs, ``lookahead_items`` while the model is free and a batch forms.
 
@@ -186,44 +209,48 @@ class WorkConsumer:
         workers x 1 thread), +6.6% at 32 with 1 worker x 2 threads, +5.6% with the null
         model; p99 unchanged within the runs' spread.
 
-        Not while this worker holds a bulk job's work: its passes are background work, and
-        interactive items fetched during one are in the batcher when it ends, so the next
-        pass is theirs (left in the stream, they would wait out another background pass)."""
-        if self.lookahead_busy_items != self.lookahead_items and \
-                not self._bulk_items_held and self.service.items_in_forward():
-            return self.lookahead_busy_items
-        return self.lookahead_items
+        Not while this worker holds a bulk job's work, nor, for the first lane, while it
+        holds the low lane's: those passes are lower-priority work, and items of a better
+        lane fetched during one are in the batcher when it ends, so the next pass is theirs
+        (left in the stream, they would wait out another such pass).
+        Measured (bench/priority_bench.py --cluster, 16 priority-0 and 240 priority-1
+        connections): priority 0's p99 went from 0.64 of priority 1's in one lane to
+        0.07 with the low lane fetched this way."""
+        if self.lookahead_busy_items == self.lookahead_items or self._bulk_items_held \
+                or not self.service.items_in_forward():
+            return self.lookahead_items
+        if lane is Lane.FIRST and self._held_items > self._first_items_held:
+            return self.lookahead_items
+        return self.lookahead_busy_items
 
     async def start(self) -> None:
         await ensure_work_stream(self.js, self.spec)
         await ensure_dlq_stream(self.js, self.spec.file_storage)
-        self._sub = await self.js.pull_subscribe_bind(durable=work_consumer(self.spec.pool),
-                                                      stream=work_stream(self.spec.pool))
-        self._bulk_sub = await self.js.pull_subscribe_bind(
-            durable=bulk_consumer(self.spec.pool), stream=work_stream(self.spec.pool))
+        for lane in Lane:
+            self._subs[lane] = await self.js.pull_subscribe_bind(
+                durable=lane_consumer(self.spec.pool, lane), stream=work_stream(self.spec.pool))
         loop = asyncio.get_running_loop()
-        self._task = loop.create_task(self._fetch_loop())
-        self._bulk_task = loop.create_task(self._bulk_fetch_loop())
+        self._tasks = [loop.create_task(self._fetch_loop(Lane.FIRST)),
+                       loop.create_task(self._fetch_loop(Lane.LOW)),
+                       loop.create_task(self._bulk_fetch_loop())]
 
     async def drain(self, timeout_s: float = 60.0) -> None:
         """Stop fetching, finish (and ack) everything already held."""
         self._stopping.set()
-        for task in (self._task, self._bulk_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._in_flight:
             await asyncio.wait(self._in_flight, timeout=timeout_s)
-        for sub in (self._sub, self._bulk_sub):
+        for sub in self._subs.values():
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
     # ---- fetching ------------------------------------------------------------------------
-    async def _fetch_loop(self) -> None:
-        """Block for one message, start it, then take what else is queued right now, as
-        long as the backlog (items held that no forward pass has taken) stays under
-        ``lookahead_items``.
+    async def _fetch_loop(self, lane: Lane) -> None:
+        """The first or the low lane: block for one message, start it, then take what else
+        is queued right now, as long as the lane has ``room``.
 
         A pull for N messages that finds fewer lingers on the server until N arrive or it
         expires, and nats-py holds the ones it has until then: measured, a lone request
@@ -235,27 +262,28 @@ class WorkConsumer:
         asks first. Measured (2 workers x 1 thread, 64 clients, 8-256 tokens): holding up
         to 128 items each left 19% of the CPU idle (297 items/s); docs/benchmarks.md has
         the lookahead sweep."""
+        sub = self._subs[lane]
         while not self._stopping.is_set():
-            await self._wait_for_backlog_room()
+            await self._wait_for_room(lane)
             await self._room.acquire()
-            msgs = await self._pull(1, timeout_s=2.0)
+            msgs = await self._pull(1, timeout_s=2.0, sub=sub)
             if not msgs:
                 self._room.release()
                 continue
-            self._dispatch(msgs[0])
+            self._dispatch(msgs[0], lane)
             while not self._stopping.is_set():
                 want = 0
-                limit = min(self.fetch_batch, self.lookahead() - self.backlog)
+                limit = min(self.fetch_batch, self.room(lane))
                 while want < limit and not self._room.locked():
                     await self._room.acquire()
                     want += 1
                 if want == 0:
                     break
-                msgs = await self._pull(want, timeout_s=0.005)
+                msgs = await self._pull(want, timeout_s=0.005, sub=sub)
                 for _ in range(want - len(msgs)):
                     self._room.release()
                 for msg in msgs:
-                    self._dispatch(msg)
+                    self._dispatch(msg, lane)
                 if len(msgs) < want:
                     break
 
@@ -270,11 +298,11 @@ class WorkConsumer:
             if self._stopping.is_set():
                 return
             await self._room.acquire()
-            msgs = await self._pull(1, timeout_s=1.0, sub=self._bulk_sub)
+            msgs = await self._pull(1, timeout_s=1.0, sub=self._subs[Lane.BULK])
             if not msgs:
                 self._room.release()
                 continue
-            self._dispatch(msgs[0], bulk=True)
+            self._dispatch(msgs[0], Lane.BULK)
 
     async def _wait_for_bulk_room(self) -> None:
         while (self.backlog > 0 or self._bulk_items_held >= BULK_ITEMS_HELD) \
@@ -283,17 +311,17 @@ class WorkConsumer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._backlog_moved.wait(), BACKLOG_POLL_S)
 
-    async def _wait_for_backlog_room(self) -> None:
-        """Until the backlog is under the lookahead. Finished items wake us at once; a
-        forward pass that starts (and takes items off the backlog) is seen by polling."""
-        while self.backlog >= self.lookahead() and not self._stopping.is_set():
+    async def _wait_for_room(self, lane: Lane) -> None:
+        """Until ``lane`` has room. Finished items wake us at once; a forward pass that
+        starts (and takes items off the backlog) is seen by polling."""
+        while self.room(lane) <= 0 and not self._stopping.is_set():
             self._backlog_moved.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._backlog_moved.wait(), BACKLOG_POLL_S)
 
-    async def _pull(self, n: int, timeout_s: float, sub: Any = None) -> list[Msg]:
+    async def _pull(self, n: int, timeout_s: float, sub: Any) -> list[Msg]:
         try:
-            return await (sub or self._sub).fetch(batch=n, timeout=timeout_s)
+            return await sub.fetch(batch=n, timeout=timeout_s)
         except (NatsTimeoutError, TimeoutError):
             return []
         except Exception as exc:  # disconnected: nats-py reconnects; try again soon
@@ -301,15 +329,16 @@ class WorkConsumer:
             await asyncio.sleep(0.5)
             return []
 
-    def _dispatch(self, msg: Msg, bulk: bool = False) -> None:
+    def _dispatch(self, msg: Msg, lane: Lane) -> None:
         work: Coroutine[Any, Any, None]
+        bulk, first = lane is Lane.BULK, lane is Lane.FIRST
         try:
             item = WorkItemHeaders.from_wire(msg.headers)
         except ProtocolError as exc:
-            hold = _Hold(self, 0 if bulk else 1)
+            hold = _Hold(self, 0 if bulk else 1, first)
             work = self._dead_letter_malformed(msg, exc, hold)
         else:
-            hold = _Hold(self, 0 if bulk else max(1, item.count))
+            hold = _Hold(self, 0 if bulk else max(1, item.count), first)
             work = self._handle(msg, item, hold)
         task = asyncio.get_running_loop().create_task(work)
         self._in_flight.add(task)

@@ -9,6 +9,7 @@ that whichever side starts first creates them, identically.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import secrets
@@ -60,39 +61,60 @@ def work_stream(pool: str) -> str:
     return f"{WORK_STREAM_PREFIX}{token(pool)}"
 
 
-# A pool's stream holds two lanes, each with its durable consumer: interactive requests on
-# heron.work.<pool>.<model> and bulk jobs' shards on heron.work.<pool>.bulk.<model>. The
-# stream is first in, first out per consumer: in one lane, a job's items queued ahead of an
-# interactive request held it back for as long as they took (bench/job_bench.py: p99 x11
-# to x18 at 8 clients). A worker pulls the bulk lane only while it has no interactive work
-# waiting (worker/consumer.py). The filters are disjoint (4 tokens, 5 tokens), as a
-# work-queue stream requires of its consumers.
-def work_subject(pool: str, model: str, bulk: bool = False) -> str:
-    lane = "bulk." if bulk else ""
-    return f"heron.work.{token(pool)}.{lane}{token(model)}"
+class Lane(enum.Enum):
+    """The lanes of a pool's stream, in the order a worker serves them. Each has its subjects
+    and its durable consumer; the stream is first in, first out per consumer, so one lane's
+    work queued ahead of another's held it back for as long as it took: in one lane, a bulk
+    job's items gave interactive p99 x11 to x18 at 8 clients (bench/job_bench.py), and a
+    flood of priority-1 requests left priority 0's p99 at 0.64 of theirs
+    (bench/priority_bench.py). A worker fetches a lane only while it holds no work of the
+    lanes before it that waits for a forward pass (worker/consumer.py)."""
+
+    FIRST = ""  # priority 0, the default: heron.work.<pool>.<model>
+    LOW = "low"  # interactive requests of priority 1 and up: heron.work.<pool>.low.<model>
+    BULK = "bulk"  # bulk jobs' shards: heron.work.<pool>.bulk.<model>
+
+
+def lane_of(priority: int, bulk: bool = False) -> Lane:
+    """The lane a work item of ``priority`` goes on (``bulk``: a bulk job's shard)."""
+    if bulk:
+        return Lane.BULK
+    return Lane.FIRST if priority <= 0 else Lane.LOW
+
+
+# The filters are disjoint, as a work-queue stream requires of its consumers: the first
+# lane's subjects have 4 tokens, the others' 5 (a model named "low" or "bulk" is
+# heron.work.<pool>.low, in the first lane).
+def work_subject(pool: str, model: str, lane: Lane = Lane.FIRST) -> str:
+    infix = f"{lane.value}." if lane.value else ""
+    return f"heron.work.{token(pool)}.{infix}{token(model)}"
 
 
 def work_subjects(pool: str) -> str:
-    """Every subject of the pool's stream, both lanes."""
+    """Every subject of the pool's stream, every lane."""
     return f"heron.work.{token(pool)}.>"
 
 
-def interactive_subjects(pool: str) -> str:
-    return f"heron.work.{token(pool)}.*"
+def lane_subjects(pool: str, lane: Lane) -> str:
+    infix = f"{lane.value}." if lane.value else ""
+    return f"heron.work.{token(pool)}.{infix}*"
 
 
-def bulk_subjects(pool: str) -> str:
-    return f"heron.work.{token(pool)}.bulk.*"
+def lane_consumer(pool: str, lane: Lane) -> str:
+    """The durable pull consumer of one lane, shared by every worker of the pool."""
+    return f"{_CONSUMER_PREFIX[lane]}_{token(pool)}"
+
+
+_CONSUMER_PREFIX = {Lane.FIRST: "workers", Lane.LOW: "low", Lane.BULK: "bulk"}
 
 
 def work_consumer(pool: str) -> str:
-    """The durable pull consumer of interactive work every worker of the pool shares."""
-    return f"workers_{token(pool)}"
+    """The first lane's consumer (priority 0)."""
+    return lane_consumer(pool, Lane.FIRST)
 
 
 def bulk_consumer(pool: str) -> str:
-    """The durable pull consumer of bulk jobs' work every worker of the pool shares."""
-    return f"bulk_{token(pool)}"
+    return lane_consumer(pool, Lane.BULK)
 
 
 def dlq_subject(pool: str) -> str:
@@ -185,14 +207,12 @@ class WorkStreamSpec:
             storage=StorageType.FILE if self.file_storage else StorageType.MEMORY,
             num_replicas=self.replicas, max_age=self.max_age_s, max_bytes=self.max_bytes)
 
-    def consumer_config(self, bulk: bool = False) -> ConsumerConfig:
-        """The interactive lane's consumer, or (``bulk``) the bulk lane's."""
+    def consumer_config(self, lane: Lane = Lane.FIRST) -> ConsumerConfig:
+        """The consumer of one lane."""
         return ConsumerConfig(
-            durable_name=bulk_consumer(self.pool) if bulk else work_consumer(self.pool),
-            ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait_s,
-            max_deliver=self.max_deliver, max_ack_pending=self.max_ack_pending,
-            filter_subject=bulk_subjects(self.pool) if bulk else interactive_subjects(
-                self.pool))
+            durable_name=lane_consumer(self.pool, lane), ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s, max_deliver=self.max_deliver,
+            max_ack_pending=self.max_ack_pending, filter_subject=lane_subjects(self.pool, lane))
 
 
 class StreamMismatch(RuntimeError):
@@ -217,10 +237,10 @@ async def ensure_work_stream(js: JetStreamContext, spec: WorkStreamSpec) -> None
                                for k, (have, want) in diffs.items())
             raise StreamMismatch(f"stream {wanted.name} exists with other settings ({detail});"
                                  " delete it or align the configuration")
-    # The interactive lane's first: a consumer declared before the bulk lane existed
-    # filtered every subject, which would overlap the bulk lane's (its filter is updated).
-    await js.add_consumer(wanted.name, spec.consumer_config())
-    await js.add_consumer(wanted.name, spec.consumer_config(bulk=True))
+    # The first lane's first: a consumer declared before the other lanes existed filtered
+    # every subject, which would overlap theirs (its filter is updated).
+    for lane in Lane:
+        await js.add_consumer(wanted.name, spec.consumer_config(lane))
 
 
 async def ensure_dlq_stream(js: JetStreamContext, file_storage: bool = True) -> None:

@@ -21,7 +21,7 @@ import yaml
 from heron.cli.main import build_parser
 from heron.gateway.metrics import GatewayMetrics
 from heron.gateway.settings import GatewaySettings
-from heron.runtime.nats_names import WorkStreamSpec, bulk_consumer, work_consumer, work_stream
+from heron.runtime.nats_names import Lane, WorkStreamSpec, lane_consumer, work_stream
 
 from .manifests import (
     CHECKOV,
@@ -282,11 +282,11 @@ def test_each_pool_scales_to_zero_on_demand_and_on_queue_lag(overlay):
         spec = scaled["spec"]
         assert spec["minReplicaCount"] == 0 and spec["maxReplicaCount"] >= 1
         assert sorted(t["type"] for t in spec["triggers"]) == \
-            ["nats-jetstream", "nats-jetstream", "prometheus"]
+            ["nats-jetstream"] * len(Lane) + ["prometheus"]
         lanes = [t["metadata"] for t in spec["triggers"] if t["type"] == "nats-jetstream"]
-        # Both lanes of the pool's stream: interactive work and bulk jobs' shards.
+        # Every lane of the pool's stream: priority 0, other priorities, bulk jobs' shards.
         assert sorted(js["consumer"] for js in lanes) == sorted(
-            [work_consumer(pool), bulk_consumer(pool)])
+            lane_consumer(pool, lane) for lane in Lane)
         for js in lanes:
             assert js["stream"] == work_stream(pool)
             assert js["natsServerMonitoringEndpoint"] == \

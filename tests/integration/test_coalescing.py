@@ -8,7 +8,12 @@ import asyncio
 from typing import Any
 
 import httpx
+import nats
 import numpy as np
+from nats.js.errors import NotFoundError
+
+from heron.runtime.nats_names import WORK_STREAM_PREFIX, Lane, lane_consumer
+from tests.support.nats_server import NatsServer
 
 MODEL = "minilm"
 ATOL = 1e-4  # batch composition differs between the two servers: float noise only
@@ -83,3 +88,45 @@ def test_a_bad_request_fails_alone_and_its_neighbours_are_answered(
         if resent:
             break
     assert resent >= 1, "the bad request never shared a work item in five bursts"
+
+
+async def _lane_deliveries(nats_url: str) -> dict[Lane, int]:
+    """Work items delivered so far by each lane's consumers, over every pool's stream."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        out = dict.fromkeys(Lane, 0)
+        for stream in await js.streams_info():
+            if not stream.config.name.startswith(WORK_STREAM_PREFIX):
+                continue
+            pool = stream.config.name.removeprefix(WORK_STREAM_PREFIX)
+            for lane in Lane:
+                try:
+                    info = await js.consumer_info(stream.config.name, lane_consumer(pool, lane))
+                except NotFoundError:  # a stream other tests declared by hand
+                    continue
+                out[lane] += info.delivered.consumer_seq
+        return out
+    finally:
+        await nc.close()
+
+
+def test_requests_of_every_priority_are_answered_through_their_lanes(
+        http: httpx.Client, cluster_url: str, nats_server: NatsServer) -> None:
+    """Priority 0 goes on the pool's first lane, every other priority on its low lane
+    (coalesced only with its own priority): each request still gets the single node's
+    answer."""
+    bodies = [{"items": [f"priority {p}, text {n}: the heron waits"], "priority": p}
+              for n in range(8) for p in (0, 1, 5)]
+    before = asyncio.run(_lane_deliveries(nats_server.url))
+    answers = asyncio.run(_burst(cluster_url, bodies))
+    after = asyncio.run(_lane_deliveries(nats_server.url))
+    for body, answer in zip(bodies, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        alone = http.post(f"/v1/encode/{MODEL}", json=body).json()
+        np.testing.assert_allclose(answer.json()["items"][0]["dense"],
+                                   alone["items"][0]["dense"], atol=ATOL)
+    assert after[Lane.FIRST] > before[Lane.FIRST]
+    # Priorities 1 and 5 never share a work item: at least two on the low lane.
+    assert after[Lane.LOW] - before[Lane.LOW] >= 2
+    assert after[Lane.BULK] == before[Lane.BULK]

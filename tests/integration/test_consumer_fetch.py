@@ -4,7 +4,9 @@ service is a stand-in whose forward pass the test controls):
 - a busy worker holds at most ``lookahead_items`` beyond its running forward pass, so
   the rest stays in the stream for an idle worker of the same pool (and while it holds
   that many, ``can_fetch`` tells its batchers that no more work can come);
-- while a forward pass runs it holds at most ``lookahead_busy_items`` (0 on CPU);
+- while a forward pass runs it holds at most ``lookahead_busy_items`` (0 on CPU), unless
+  the pass is a lower lane's work: then priority 0 is fetched for the next pass;
+- the low lane (priority 1 and up) waits in the stream while priority-0 items wait here;
 - an item that computes for longer than the ack wait is kept alive, not redelivered.
 """
 
@@ -17,7 +19,7 @@ from typing import Any
 import nats
 import pytest
 
-from heron.runtime.nats_names import WorkStreamSpec, work_subject
+from heron.runtime.nats_names import Lane, WorkStreamSpec, lane_of, work_subject
 from heron.runtime.protocol import WorkItemHeaders
 from heron.worker.consumer import WorkConsumer
 from heron.worker.metrics import WorkerMetrics
@@ -64,11 +66,20 @@ class SlowService(HeldService):
         return Outcome({"model": model, "items": [{"dense": [1.0]}]}, Timings(), model)
 
 
-async def _publish(js: Any, pool: str, inbox: str, texts: list[str], first: int = 0) -> None:
+async def _publish(js: Any, pool: str, inbox: str, texts: list[str], first: int = 0,
+                   priority: int = 0, lane: Lane | None = None) -> None:
     for i, text in enumerate(texts, first):
-        await js.publish(work_subject(pool, "m"), wire.encode({"items": [text]}, wire.MSGPACK),
+        await js.publish(work_subject(pool, "m", lane or lane_of(priority)),
+                         wire.encode({"items": [text]}, wire.MSGPACK),
                          headers=WorkItemHeaders(f"r{i}", "encode", "m", inbox, 0, 1, None,
-                                                 0).to_wire())
+                                                 priority).to_wire())
+
+
+async def _until(condition: Any, timeout_s: float = 2.0) -> None:
+    for _ in range(int(timeout_s / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
 
 
 async def _answers(sub: Any, n: int, timeout_s: float = 15.0) -> list[str]:
@@ -165,39 +176,70 @@ async def test_a_worker_in_a_forward_pass_takes_nothing_more(nats_server: NatsSe
         await _stop(nc, service, worker, idle)
 
 
-async def test_a_worker_on_a_bulk_job_still_fetches_interactive_work(
-        nats_server: NatsServer) -> None:
-    """A bulk job's pass is background work: interactive items that arrive during it are
-    fetched, to be the next pass."""
+@pytest.mark.parametrize(("lane", "priority"), [(Lane.BULK, 10), (Lane.LOW, 2)])
+async def test_a_worker_on_lower_lane_work_still_fetches_priority_0(
+        nats_server: NatsServer, lane: Lane, priority: int) -> None:
+    """A pass of a bulk job's or of the low lane's work is lower-priority work: priority-0
+    items that arrive during it are fetched, to be the next pass."""
     pool = f"q{uuid.uuid4().hex[:8]}"
     spec = WorkStreamSpec(pool=pool)
     nc = await nats.connect(nats_server.url)
     service = PassService()
     worker = WorkConsumer(nc, service, spec, lookahead_items=4,  # type: ignore[arg-type]
                           lookahead_busy_items=0)
-    inbox = f"_INBOX.heron.bulktest.{uuid.uuid4().hex[:6]}"
+    inbox = f"_INBOX.heron.lowertest.{uuid.uuid4().hex[:6]}"
     sub = await nc.subscribe(inbox)
     try:
         await worker.start()
         js = nc.jetstream()
-        await js.publish(work_subject(pool, "m", bulk=True), wire.encode(
-            {"items": ["shard"]}, wire.MSGPACK), headers=WorkItemHeaders(
-            "job", "encode", "m", inbox, 0, 1, None, 10).to_wire())
-        for _ in range(100):
-            if service.calls:
-                break
-            await asyncio.sleep(0.02)
-        assert service.calls == ["shard"] and worker.lookahead() == 4
+        await _publish(js, pool, inbox, ["lower"], first=9, priority=priority, lane=lane)
+        await _until(lambda: service.calls)
+        assert service.calls == ["lower"] and worker.lookahead(Lane.FIRST) == 4
         await _publish(js, pool, inbox, [f"text {i}" for i in range(3)])
-        for _ in range(100):
-            if len(service.calls) == 4:
-                break
-            await asyncio.sleep(0.02)
-        assert sorted(service.calls) == ["shard", "text 0", "text 1", "text 2"]
+        await _until(lambda: len(service.calls) == 4)
+        assert sorted(service.calls) == ["lower", "text 0", "text 1", "text 2"]
         service.released.set()
-        assert sorted(await _answers(sub, 4)) == ["job", "r0", "r1", "r2"]
+        assert sorted(await _answers(sub, 4)) == ["r0", "r1", "r2", "r9"]
     finally:
         await _stop(nc, service, worker)
+
+
+async def test_priority_0_is_fetched_before_the_low_lane(nats_server: NatsServer) -> None:
+    """Requests of priority 1 and up wait in the stream's low lane while a priority-0 item
+    waits here for a forward pass; priority 0 is still fetched while the worker holds low
+    lane work (its pass is lower-priority work, so the next pass is priority 0's)."""
+    pool = f"o{uuid.uuid4().hex[:8]}"
+    spec = WorkStreamSpec(pool=pool)
+    nc = await nats.connect(nats_server.url)
+    service, idle_service = HeldService(), SlowService(0.0)
+    worker = WorkConsumer(nc, service, spec, lookahead_items=4)  # type: ignore[arg-type]
+    idle = WorkConsumer(nc, idle_service, spec, lookahead_items=4)  # type: ignore[arg-type]
+    inbox = f"_INBOX.heron.lanetest.{uuid.uuid4().hex[:6]}"
+    sub = await nc.subscribe(inbox)
+    try:
+        await worker.start()
+        js = nc.jetstream()
+        await _publish(js, pool, inbox, ["urgent 0"])
+        await _until(lambda: service.calls)
+        assert service.calls == ["urgent 0"] and worker.room(Lane.LOW) == 0
+        await _publish(js, pool, inbox, [f"later {i}" for i in range(3)], first=1, priority=1)
+        await _publish(js, pool, inbox, ["urgent 1", "urgent 2"], first=4)
+        await _until(lambda: "urgent 2" in service.calls)
+        await asyncio.sleep(0.3)
+        # The priority-0 items that came after the low lane's were fetched; of those, only
+        # what the low lane's pull already waiting on the server took (one work item).
+        urgent = [c for c in service.calls if c.startswith("urgent")]
+        later = [c for c in service.calls if c.startswith("later")]
+        assert urgent == ["urgent 0", "urgent 1", "urgent 2"] and len(later) <= 1, later
+
+        await idle.start()  # a free worker of the pool gets the low lane's items
+        answered = await _answers(sub, 3 - len(later))
+        assert sorted(idle_service.calls + later) == ["later 0", "later 1", "later 2"]
+        service.released.set()
+        answered += await _answers(sub, 3 + len(later))
+        assert sorted(answered) == sorted(f"r{i}" for i in range(6))  # each exactly once
+    finally:
+        await _stop(nc, service, worker, idle)
 
 
 @pytest.mark.slow

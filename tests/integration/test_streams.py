@@ -9,10 +9,13 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 
 from heron.runtime.nats_names import (
+    Lane,
     StreamMismatch,
     WorkStreamSpec,
     bulk_consumer,
     ensure_work_stream,
+    lane_consumer,
+    lane_of,
     token,
     work_consumer,
     work_stream,
@@ -54,10 +57,10 @@ async def test_ensure_is_idempotent_and_reports_mismatch(nats_server: NatsServer
         await nc.close()
 
 
-async def test_two_lanes_each_with_its_consumer(nats_server: NatsServer) -> None:
-    """Interactive work and bulk jobs' shards share the pool's stream; each lane's consumer
-    gets only its own messages. A consumer declared before the bulk lane existed (its
-    filter took every subject) is updated, not refused."""
+async def test_each_lane_with_its_consumer(nats_server: NatsServer) -> None:
+    """Priority 0, the other priorities and bulk jobs' shards share the pool's stream; each
+    lane's consumer gets only its own messages. A consumer declared before the other lanes
+    existed (its filter took every subject) is updated, not refused."""
     nc = await nats.connect(nats_server.url)
     js = nc.jetstream()
     pool = f"l{uuid.uuid4().hex[:8]}"
@@ -68,17 +71,21 @@ async def test_two_lanes_each_with_its_consumer(nats_server: NatsServer) -> None
             durable_name=work_consumer(pool), ack_policy=AckPolicy.EXPLICIT,
             filter_subject=f"heron.work.{pool}.>"))
         await ensure_work_stream(js, spec)
-        await js.publish(work_subject(pool, "m"), b"interactive")
-        await js.publish(work_subject(pool, "m", bulk=True), b"bulk")
+        await js.publish(work_subject(pool, "m"), b"priority 0")
+        await js.publish(work_subject(pool, "m", lane_of(3)), b"priority 3")
+        await js.publish(work_subject(pool, "m", lane_of(0, bulk=True)), b"bulk")
         await js.publish(work_subject(pool, "bulk"), b"a model named bulk")
+        await js.publish(work_subject(pool, "low"), b"a model named low")
         got = {}
-        for durable in (work_consumer(pool), bulk_consumer(pool)):
-            sub = await js.pull_subscribe_bind(durable=durable, stream=work_stream(pool))
+        for lane in Lane:
+            sub = await js.pull_subscribe_bind(durable=lane_consumer(pool, lane),
+                                               stream=work_stream(pool))
             msgs = await sub.fetch(10, timeout=1)
-            got[durable] = sorted(m.data for m in msgs)
+            got[lane] = sorted(m.data for m in msgs)
             for m in msgs:
                 await m.ack()
-        assert got == {work_consumer(pool): [b"a model named bulk", b"interactive"],
-                       bulk_consumer(pool): [b"bulk"]}
+        assert got == {Lane.FIRST: [b"a model named bulk", b"a model named low", b"priority 0"],
+                       Lane.LOW: [b"priority 3"], Lane.BULK: [b"bulk"]}
+        assert lane_consumer(pool, Lane.BULK) == bulk_consumer(pool)
     finally:
         await nc.close()

@@ -31,11 +31,11 @@ from heron.gateway.app import create_app
 from heron.gateway.routes import GatewayApp
 from heron.gateway.settings import GatewaySettings
 from heron.runtime.nats_names import (
+    Lane,
     WorkStreamSpec,
-    bulk_consumer,
     ensure_work_stream,
+    lane_consumer,
     status_subject,
-    work_consumer,
     work_stream,
 )
 from heron.runtime.protocol import WorkerHeartbeat, WorkItemHeaders, WorkResult
@@ -199,10 +199,10 @@ class FakeWorker:
         beats = asyncio.create_task(self._beat(nc))
         try:
             if self.answer:
-                # Both lanes: interactive work, then bulk jobs' (heron.runtime.nats_names).
-                subs = [await js.pull_subscribe_bind(durable=durable, stream=work_stream(
-                    self.pool)) for durable in (work_consumer(self.pool),
-                                                bulk_consumer(self.pool))]
+                # Every lane, in order (heron.runtime.nats_names.Lane).
+                subs = [await js.pull_subscribe_bind(durable=lane_consumer(self.pool, lane),
+                                                     stream=work_stream(self.pool))
+                        for lane in Lane]
                 while not self._stop.is_set():
                     for sub in subs:
                         try:
