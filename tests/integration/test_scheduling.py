@@ -54,10 +54,14 @@ def test_a_request_whose_client_left_is_not_computed(base_url: str, http: httpx.
     assert http.post("/v1/encode/minilm", json={"items": ["still here"]}).status_code == 200
 
 
-def test_the_gateway_stops_waiting_for_a_client_that_left(nats_server: NatsServer) -> None:
+@pytest.mark.parametrize("heron_http", [True, False], ids=["heron-protocol", "asgi-only"])
+def test_the_gateway_stops_waiting_for_a_client_that_left(nats_server: NatsServer,
+                                                          heron_http: bool) -> None:
+    """Told by Heron's protocol that the connection was lost, or (any other server) by
+    ASGI's http.disconnect."""
     pool = unique("gone")
     worker = FakeWorker(nats_server.url, pool, "default", answer=False).start()  # never answers
-    gateway = GatewayThread(nats_server.url, {"default": pool}).start()
+    gateway = GatewayThread(nats_server.url, {"default": pool}, heron_http=heron_http).start()
     try:
         deadline = time.monotonic() + 10
         while not gateway.gateway.health.has_capacity(pool):

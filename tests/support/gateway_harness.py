@@ -39,6 +39,7 @@ from heron.runtime.nats_names import (
     work_stream,
 )
 from heron.runtime.protocol import WorkerHeartbeat, WorkItemHeaders, WorkResult
+from heron.runtime.received import RECEIVED_AT_HTTP
 from heron_sdk import wire
 from tests.support.servers import REPO, ServerProcess, free_port, wait_until
 
@@ -69,14 +70,19 @@ def unique(prefix: str) -> str:
 
 # ---- a gateway in a thread ----------------------------------------------------------------
 class GatewayThread:
+    """``heron_http``: uvicorn with Heron's own httptools protocol, as ``heron gateway``
+    runs it (heron.runtime.received); else uvicorn's default protocol, as a server Heron
+    does not control would (what falls back to ASGI alone is tested that way)."""
+
     def __init__(self, nats_url: str, pools: dict[str, str], bundles_dir: Path | None = None,
-                 settings: GatewaySettings | None = None) -> None:
+                 settings: GatewaySettings | None = None, heron_http: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         app = create_app(nats_url, pools, bundles_dir=bundles_dir, settings=settings)
         self.gateway: GatewayApp = app.state.gateway
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning", loop="asyncio"))
+        self.server = uvicorn.Server(uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="warning", loop="asyncio",
+            http=RECEIVED_AT_HTTP if heron_http else "auto"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self, wait_ready: bool = True, timeout_s: float = 20) -> GatewayThread:
