@@ -103,6 +103,9 @@ class WorkRequest:
     # which workers pull only while no interactive work waits; never coalesced; counted in
     # a backlog of its own, so interactive admission does not see it ahead of itself.
     bulk: bool = False
+    # Whether the pool's workers pull the low lane (all of them: WorkerHealth.pull); if not,
+    # a request of priority 1 and up goes on the first lane, where they all look.
+    low_lane: bool = True
     # Each item's weight in admission and the backlog (gateway/slicing.chunk_weights: a
     # chunked item's estimated chunks); None: one each.
     weights: list[int] | None = None
@@ -111,7 +114,8 @@ class WorkRequest:
     def lane(self) -> Lane:
         """Its work items' lane in the pool's stream: priority 0 first, then the other
         priorities, then bulk jobs (heron.runtime.nats_names.Lane)."""
-        return lane_of(self.priority, self.bulk)
+        lane = lane_of(self.priority, self.bulk)
+        return Lane.FIRST if lane is Lane.LOW and not self.low_lane else lane
 
     def cost(self) -> int:
         """Items this request counts as in admission and the pool's backlog."""
@@ -126,6 +130,7 @@ class GroupKey:
     model_id: str
     task: str
     priority: int
+    lane: Lane
     deadline_class: int  # log2 of the seconds left: similar deadlines only
     options: tuple[tuple[str, str], ...]  # every wire field but items and timeout_s
 
@@ -309,7 +314,7 @@ class Dispatcher:
         the group it opened (if any) to leave after its wait."""
         body = work.wire_body
         options = tuple((k, repr(v)) for k, v in body.items() if k not in _PER_MEMBER_FIELDS)
-        key = GroupKey(work.pool, work.model_id, work.task, work.priority,
+        key = GroupKey(work.pool, work.model_id, work.task, work.priority, work.lane,
                        int(math.log2(max(remaining, 1e-3))), options)
         member = Member(inbox_key, work.request_id, body["items"],
                         sum(item_tokens(i) for i in work.items),
@@ -360,7 +365,7 @@ class Dispatcher:
             pending.group = group_key
             pending.published_at = left_at
             pending.reassembly.gateway_timings["coalesce"] = left_at - member.joined_at
-        subject = work_subject(key.pool, key.model_id, lane_of(key.priority))
+        subject = work_subject(key.pool, key.model_id, key.lane)
         headers = WorkItemHeaders(group.members[0].request_id, key.task, key.model_id,
                                   reply_subject(self.gateway_id, group_key), 0, group.items,
                                   group.deadline, key.priority).to_wire()

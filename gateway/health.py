@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from heron.runtime.nats_names import Lane
 from heron.runtime.protocol import ProtocolError, WorkerHeartbeat
 
 log = logging.getLogger("heron.gateway.health")
@@ -64,6 +65,7 @@ class WorkerBeat:
     memory_rss: int = 0
     model_memory: dict[str, int] = field(default_factory=dict)  # model id -> bytes
     model_adapters: dict[str, str] = field(default_factory=dict)  # auto model id -> family
+    lanes: tuple[str, ...] = ()  # the lanes it pulls (WorkerHeartbeat.lanes)
     # This worker's counters over the throughput window, oldest first (carried from beat to
     # beat by WorkerHealth.observe).
     counts: deque[ItemCount] = field(repr=False, default_factory=deque)
@@ -103,7 +105,7 @@ class WorkerHealth:
             bundle_hash=beat.bundle_hash, ready=beat.ready, models=beat.models,
             queue_depth=beat.queue_depth, in_flight=beat.in_flight, address=beat.address,
             received=received, memory_rss=beat.memory_rss, model_memory=beat.model_memory,
-            model_adapters=beat.model_adapters)
+            model_adapters=beat.model_adapters, lanes=beat.lanes)
         count = ItemCount(received, beat.items_done, beat.model_items)
         self._add_count(worker, count)
         self._check_bundle(worker)
@@ -190,6 +192,12 @@ class WorkerHealth:
             waiters = self._waiters.get(pool, [])
             if waiter in waiters:
                 waiters.remove(waiter)
+
+    def pull(self, pool: str, lane: Lane) -> bool:
+        """Whether every healthy worker of the pool pulls ``lane`` (a worker from before
+        the low lane beats no lanes: work for it goes on the first lane instead)."""
+        healthy = self.healthy(pool)
+        return bool(healthy) and all(lane.label in w.lanes for w in healthy)
 
     def model_adapter(self, pool: str, model_id: str) -> str | None:
         """The family a healthy worker of the pool loaded an ``auto`` model as (None: no

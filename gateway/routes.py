@@ -60,6 +60,7 @@ from heron.runtime.modelconfig import lora_source
 from heron.runtime.nats_link import NatsLink
 from heron.runtime.nats_names import (
     STATUS_WILDCARD,
+    Lane,
     demand_subject,
     ensure_dlq_stream,
     ensure_work_stream,
@@ -266,7 +267,8 @@ class GatewayApp:
             pool=route.pool, task=task, model_id=route.model_id, wire_body=wire_body,
             items=items, timeout_s=timeout_s, received_at=call.received_at,
             priority=options.priority, workers=len(self.health.healthy(route.pool)),
-            shared_text=shared_text, partial=partial, bulk=bulk, weights=weights))
+            shared_text=shared_text, partial=partial, bulk=bulk, weights=weights,
+            low_lane=options.priority <= 0 or self.health.pull(route.pool, Lane.LOW)))
 
     async def _require_capacity(self, route: ModelRoute) -> None:
         pool = route.pool

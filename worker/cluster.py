@@ -23,7 +23,7 @@ from heron.runtime.configsync import ConfigFollower, Snapshot
 from heron.runtime.modelconfig import parse_model_config
 from heron.runtime.nats_link import NatsLink
 from heron.runtime.nats_names import WorkStreamSpec, ensure_dlq_stream, ensure_work_stream
-from heron.worker.consumer import WorkConsumer
+from heron.worker.consumer import PULLED_LANES, WorkConsumer
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.registry import ModelRegistry
 from heron.worker.service import InferenceService
@@ -144,6 +144,7 @@ class WorkerCluster:
             # What "auto" configs loaded as, so gateways route and describe them exactly.
             "model_adapters": {e.config.id: e.runner.adapter.name for e in entries
                                if e.runner and e.config.adapter == AUTO},
+            "lanes": PULLED_LANES,
         }
 
     async def stop(self) -> None:

@@ -70,6 +70,9 @@ _TERMINATED = 499  # its gateway is gone: nobody to answer (nginx's "client clos
 _OUTCOMES = {200: "answered", _RETRIED: "nak'ed, to run later",
              _TERMINATED: "terminated, its gateway is gone"}
 BACKLOG_POLL_S = 0.005  # how often a full backlog is looked at again (forward passes start)
+# The lanes a worker pulls (every one), as its heartbeats say: a gateway sends work to a
+# lane only when every healthy worker of the pool pulls it (WorkerHealth.pull).
+PULLED_LANES = tuple(lane.label for lane in Lane)
 # Bulk lane work items a worker holds at most: the one computing and the next, already
 # tokenized and queued, so the model never waits for a fetch between them.
 BULK_ITEMS_HELD = 2

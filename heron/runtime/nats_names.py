@@ -74,6 +74,11 @@ class Lane(enum.Enum):
     LOW = "low"  # interactive requests of priority 1 and up: heron.work.<pool>.low.<model>
     BULK = "bulk"  # bulk jobs' shards: heron.work.<pool>.bulk.<model>
 
+    @property
+    def label(self) -> str:
+        """Its name in heartbeats (WorkerHeartbeat.lanes): first, low, bulk."""
+        return self.name.lower()
+
 
 def lane_of(priority: int, bulk: bool = False) -> Lane:
     """The lane a work item of ``priority`` goes on (``bulk``: a bulk job's shard)."""

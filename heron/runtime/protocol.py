@@ -198,6 +198,10 @@ class WorkerHeartbeat:
     # model id -> the family it loaded as: what a config's adapter "auto" turned out to be
     # (on the wire only when there is one, so beats of plain configs keep their bytes).
     model_adapters: dict[str, str] = field(default_factory=dict)
+    # The lanes of its pool's stream it pulls (heron.runtime.nats_names.Lane names). Older
+    # workers send none: they pull the first and bulk lanes, so gateways send requests of
+    # priority 1 and up on the first lane until every worker of the pool pulls "low".
+    lanes: tuple[str, ...] = ()
     ts: float = field(default_factory=time.time)  # unix seconds, the worker's clock
 
     def to_wire(self) -> dict[str, Any]:
@@ -207,7 +211,8 @@ class WorkerHeartbeat:
                 "memory_rss": self.memory_rss, "ready": self.ready, "address": self.address,
                 "items_done": self.items_done, "model_items": self.model_items,
                 "model_memory": self.model_memory, "ts": self.ts,
-                **({"model_adapters": self.model_adapters} if self.model_adapters else {})}
+                **({"model_adapters": self.model_adapters} if self.model_adapters else {}),
+                **({"lanes": list(self.lanes)} if self.lanes else {})}
 
     @classmethod
     def from_wire(cls, data: Any) -> WorkerHeartbeat:
@@ -226,6 +231,7 @@ class WorkerHeartbeat:
                 model_memory=_counters(beat.get("model_memory")),
                 model_adapters={str(m): str(a) for m, a in
                                 dict(beat.get("model_adapters") or {}).items()},
+                lanes=tuple(str(lane) for lane in beat.get("lanes") or ()),
                 ts=float(beat.get("ts") or 0.0))
         except KeyError as exc:
             raise ProtocolError(f"a heartbeat has no {exc.args[0]!r}") from None

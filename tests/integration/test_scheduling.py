@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from heron.runtime.nats_names import Lane
 from tests.support.gateway_harness import FakeWorker, GatewayThread, unique
 from tests.support.nats_server import NatsServer
 
@@ -78,6 +79,31 @@ def test_the_gateway_stops_waiting_for_a_client_that_left(nats_server: NatsServe
             time.sleep(0.05)
         text = httpx.get(gateway.url + "/metrics").text
         assert 'status="499"' in text
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+@pytest.mark.parametrize("lanes", [tuple(Lane), (Lane.FIRST, Lane.BULK)],
+                         ids=["workers-pull-every-lane", "a-worker-from-before-the-low-lane"])
+def test_a_lower_priority_goes_on_a_lane_every_worker_pulls(nats_server: NatsServer,
+                                                             lanes: tuple[Lane, ...]) -> None:
+    """Priority 1 and up go on the pool's low lane only when every worker's heartbeat says
+    it pulls that lane; with a worker from before it (its beats name no lanes), on the
+    first lane, so a rolling upgrade in either order loses nothing."""
+    pool = unique("lanes")
+    worker = FakeWorker(nats_server.url, pool, "default", lanes=lanes).start()
+    gateway = GatewayThread(nats_server.url, {"default": pool}).start()
+    try:
+        deadline = time.monotonic() + 10
+        while not gateway.gateway.health.has_capacity(pool):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for priority in (0, 2):
+            r = httpx.post(gateway.url + "/v1/encode/minilm", timeout=10, json={
+                "items": [f"priority {priority}"], "priority": priority, "timeout_s": 5})
+            assert r.status_code == 200, r.text
+            assert (".low." in worker.subjects[-1]) == (priority > 0 and Lane.LOW in lanes)
     finally:
         gateway.stop()
         worker.stop()

@@ -170,15 +170,19 @@ class FakeFailure(Exception):
 class FakeWorker:
     """Beats as ready every 0.3 s, reporting ``models`` (model id -> state); with
     ``answer`` it also pulls and answers work, each result published twice when
-    ``duplicate`` (as after a redelivery)."""
+    ``duplicate`` (as after a redelivery). ``lanes``: the lanes it pulls and names in its
+    beats (a worker from before the low lane: first and bulk, and it names none)."""
 
     def __init__(self, nats_url: str, pool: str, bundle: str, *, answer: bool = True,
-                 duplicate: bool = False, models: dict[str, str] | None = None) -> None:
+                 duplicate: bool = False, models: dict[str, str] | None = None,
+                 lanes: tuple[Lane, ...] = tuple(Lane)) -> None:
         self.nats_url, self.pool, self.bundle = nats_url, pool, bundle
         self.answer, self.duplicate = answer, duplicate
         self.models = dict(models or {})
+        self.lanes = lanes
         self.worker_id = unique("fake")
         self.seen: list[dict[str, str]] = []  # headers of every work item taken
+        self.subjects: list[str] = []  # and its subject
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._stop = asyncio.Event()
@@ -205,10 +209,10 @@ class FakeWorker:
         beats = asyncio.create_task(self._beat(nc))
         try:
             if self.answer:
-                # Every lane, in order (heron.runtime.nats_names.Lane).
+                # Its lanes, in order (heron.runtime.nats_names.Lane).
                 subs = [await js.pull_subscribe_bind(durable=lane_consumer(self.pool, lane),
                                                      stream=work_stream(self.pool))
-                        for lane in Lane]
+                        for lane in self.lanes]
                 while not self._stop.is_set():
                     for sub in subs:
                         try:
@@ -226,6 +230,7 @@ class FakeWorker:
     async def _handle(self, nc: Any, msg: Any) -> None:
         headers = dict(msg.headers or {})
         self.seen.append(headers)
+        self.subjects.append(msg.subject)
         item = WorkItemHeaders.from_wire(headers)
         try:
             body = fake_answer(item.task, wire.decode(msg.data, wire.MSGPACK))
@@ -241,7 +246,9 @@ class FakeWorker:
     async def _beat(self, nc: Any) -> None:
         while True:
             beat = WorkerHeartbeat(self.worker_id, self.pool, bundle=self.bundle,
-                                   models=self.models, ready=True)
+                                   models=self.models, ready=True,
+                                   lanes=() if Lane.LOW not in self.lanes
+                                   else tuple(lane.label for lane in self.lanes))
             with contextlib.suppress(Exception):
                 await nc.publish(status_subject(self.pool, self.worker_id),
                                  wire.encode(beat.to_wire(), wire.MSGPACK))

@@ -48,7 +48,8 @@ heartbeats = st.builds(
     models=st.dictionaries(texts, st.sampled_from(["ready", "loading", "not_loaded"])),
     queue_depth=counts, in_flight=counts, memory_rss=counts, ready=st.booleans(),
     address=texts, items_done=counts, model_items=st.dictionaries(texts, counts),
-    model_memory=st.dictionaries(texts, counts), ts=seconds)
+    model_memory=st.dictionaries(texts, counts),
+    lanes=st.lists(st.sampled_from(["first", "low", "bulk"]), max_size=3).map(tuple), ts=seconds)
 notices = st.builds(DemandNotice, texts, texts, seconds)
 deltas = st.builds(ConfigDelta, st.integers(0, 2**53),
                    st.builds(lambda model_id, rest: {**rest, "id": model_id}, texts, maps),
@@ -174,6 +175,12 @@ def test_a_heartbeat_names_what_auto_models_loaded_as_only_when_there_are_some()
                            model_adapters={"m": "cross_encoder"})
     assert WorkerHeartbeat.from_wire(beat.to_wire()).model_adapters == {"m": "cross_encoder"}
     assert "model_adapters" not in WorkerHeartbeat(worker_id="w", pool="p").to_wire()
+
+
+def test_a_heartbeat_names_the_lanes_its_worker_pulls_only_when_it_pulls_them() -> None:
+    beat = WorkerHeartbeat(worker_id="w", pool="p", lanes=("first", "low", "bulk"))
+    assert WorkerHeartbeat.from_wire(beat.to_wire()).lanes == ("first", "low", "bulk")
+    assert "lanes" not in WorkerHeartbeat(worker_id="w", pool="p").to_wire()
 
 
 def test_headers_without_priority_or_deadline_leave_them_to_the_request() -> None:
