@@ -23,7 +23,8 @@ from heron.runtime.configsync import ConfigFollower, Snapshot
 from heron.runtime.modelconfig import parse_model_config
 from heron.runtime.nats_link import NatsLink
 from heron.runtime.nats_names import WorkStreamSpec, ensure_dlq_stream, ensure_work_stream
-from heron.worker.consumer import PULLED_LANES, WorkConsumer
+from heron.worker.consumer import WorkConsumer
+from heron.worker.fetching import PULLED_LANES
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.registry import ModelRegistry
 from heron.worker.service import InferenceService

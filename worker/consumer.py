@@ -26,12 +26,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind
 
@@ -39,16 +38,14 @@ from heron.runtime import telemetry
 from heron.runtime.image_urls import ImageFetcher
 from heron.runtime.logs import bind_request
 from heron.runtime.nats_names import (
-    Lane,
     WorkStreamSpec,
     dlq_subject,
     ensure_dlq_stream,
     ensure_work_stream,
-    lane_consumer,
-    work_stream,
 )
 from heron.runtime.protocol import ProtocolError, WorkItemHeaders, WorkResult
 from heron.runtime.token_calls import DecodeRequest, TokenizeRequest
+from heron.worker.fetching import Hold, LaneFetcher
 from heron.worker.gateway_inboxes import Delivery, GatewayInboxes
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.service import InferenceService, Outcome
@@ -69,48 +66,9 @@ _RETRIED = 102  # an item nak'ed to run later (model loading, queue full): not a
 _TERMINATED = 499  # its gateway is gone: nobody to answer (nginx's "client closed request")
 _OUTCOMES = {200: "answered", _RETRIED: "nak'ed, to run later",
              _TERMINATED: "terminated, its gateway is gone"}
-BACKLOG_POLL_S = 0.005  # how often a full backlog is looked at again (forward passes start)
-# The lanes a worker pulls (every one), as its heartbeats say: a gateway sends work to a
-# lane only when every healthy worker of the pool pulls it (WorkerHealth.pull).
-PULLED_LANES = tuple(lane.label for lane in Lane)
-# Bulk lane work items a worker holds at most: the one computing and the next, already
-# tokenized and queued, so the model never waits for a fetch between them.
-BULK_ITEMS_HELD = 2
 # A result must fit in one NATS message (max_payload, 1 MiB by default) with its subject
 # and protocol line: a generous allowance for those.
 RESULT_HEADROOM_BYTES = 1024
-
-
-class _Hold:
-    """A fetched work item's items, counted in the worker's backlog until computed (not
-    while ``suspend``ed: waiting for its gateway's verdict, it blocks no fetching), and
-    (``first``) among the first lane's. A bulk lane work item holds none: that lane counts
-    work items (_bulk_fetch_loop)."""
-
-    __slots__ = ("consumer", "counted", "first", "items")
-
-    def __init__(self, consumer: WorkConsumer, items: int, first: bool) -> None:
-        self.consumer, self.items, self.first, self.counted = consumer, items, first, False
-        self.resume()
-
-    def release(self) -> None:
-        self.suspend()
-        self.items = 0
-
-    def suspend(self) -> None:
-        if self.counted and self.items:
-            self.consumer._held_items -= self.items
-            if self.first:
-                self.consumer._first_items_held -= self.items
-            self.consumer._backlog_moved.set()
-        self.counted = False
-
-    def resume(self) -> None:
-        if not self.counted and self.items:
-            self.consumer._held_items += self.items
-            if self.first:
-                self.consumer._first_items_held += self.items
-        self.counted = True
 
 
 class _KeepAlive:
@@ -139,237 +97,44 @@ class _KeepAlive:
             self._handle = None
 
 
-class WorkConsumer:
+class WorkConsumer(LaneFetcher):
     def __init__(self, nc: NATS, service: InferenceService, spec: WorkStreamSpec, *,
                  fetch_batch: int = 32, max_in_flight: int = 128,
                  lookahead_items: int = CPU_FETCH_LOOKAHEAD,
                  lookahead_busy_items: int | None = None,
                  metrics: WorkerMetrics | None = None) -> None:
+        super().__init__(service, fetch_batch=fetch_batch, max_in_flight=max_in_flight,
+                         lookahead_items=lookahead_items,
+                         lookahead_busy_items=lookahead_busy_items)
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
-        self.service = service
         self._tokens: TokenService | None = None  # made on the first tokenizer call
         self.spec = spec
-        self.fetch_batch = fetch_batch
-        self.max_in_flight = max_in_flight
-        self.lookahead_items = lookahead_items
-        self.lookahead_busy_items = lookahead_items if lookahead_busy_items is None \
-            else lookahead_busy_items
-        self._in_flight: set[asyncio.Task] = set()
-        self._room = asyncio.Semaphore(max_in_flight)
-        self._held_items = 0  # items fetched and not yet computed (waiting or in a forward)
-        self._first_items_held = 0  # of those, the first lane's (priority 0)
-        self._bulk_items_held = 0  # bulk lane work items fetched and not yet answered
-        self._backlog_moved = asyncio.Event()
-        self._subs: dict[Lane, Any] = {}
-        self._tasks: list[asyncio.Task] = []
-        self._stopping = asyncio.Event()
         self.handled = 0
         self.metrics = metrics
         self.inboxes = GatewayInboxes(nc)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight)
-
-    @property
-    def backlog(self) -> int:
-        """Items this worker holds that no forward pass has taken yet. (A forward pass of
-        HTTP requests' items counts too: a worker serving both fetches a little more.)"""
-        return max(0, self._held_items - self.service.items_in_forward())
-
-    @property
-    def first_waiting(self) -> int:
-        """Items of the first lane (priority 0) held that wait for a forward pass, at most
-        (which lane's items a pass holds is the batcher's business: the least of the
-        first lane's held items and the backlog)."""
-        return min(self._first_items_held, self.backlog)
-
-    def can_fetch(self) -> bool:
-        """Whether more work may be fetched now: False while the worker holds all it may
-        (the batchers then do not wait for more: nothing comes before a batch is taken)."""
-        return self.backlog < self.lookahead() and not self._room.locked()
-
-    def room(self, lane: Lane) -> int:
-        """Items the fetch loop of ``lane`` may take now. The first lane's counts only its
-        own waiting items; the low lane's takes nothing while a first-lane item waits here
-        for a forward pass (it is fetched only after them, as the batcher runs it after)."""
-        if lane is Lane.FIRST:
-            return self.lookahead(lane) - self.first_waiting
-        if self.first_waiting:
-            return 0
-        return self.lookahead(lane) - self.backlog
-
-    def lookahead(self, lane: Lane = Lane.FIRST) -> int:
-        """Items this worker may hold beyond its forward passes now: ``lookahead_busy_items``
-        while one runs, ``lookahead_items`` while the model is free and a batch forms.
-
-        Why fewer while busy (0 on CPU): what arrives during a pass then waits in the
-        stream for whichever worker is free first, instead of for this one; a worker that
-        frees up fetches the lot for its next batch, and its event loop does no fetching or
-        tokenizing while the model computes. Measured, MiniLM through heron up on 2 cores,
-        interleaved A/B, medians: +6.5% requests/s at 32 clients and +4.6% at 64 (2
-        workers x 1 thread), +6.6% at 32 with 1 worker x 2 threads, +5.6% with the null
-        model; p99 unchanged within the runs' spread.
-
-        Not while this worker holds a bulk job's work, nor, for the first lane, while it
-        holds the low lane's: those passes are lower-priority work, and items of a better
-        lane fetched during one are in the batcher when it ends, so the next pass is theirs
-        (left in the stream, they would wait out another such pass).
-        Measured (bench/priority_bench.py --cluster, 16 priority-0 and 240 priority-1
-        connections): priority 0's p99 went from 0.64 of priority 1's in one lane to
-        0.07 with the low lane fetched this way."""
-        if self.lookahead_busy_items == self.lookahead_items or self._bulk_items_held \
-                or not self.service.items_in_forward():
-            return self.lookahead_items
-        if lane is Lane.FIRST and self._held_items > self._first_items_held:
-            return self.lookahead_items
-        return self.lookahead_busy_items
-
     async def start(self) -> None:
         await ensure_work_stream(self.js, self.spec)
         await ensure_dlq_stream(self.js, self.spec.file_storage)
-        for lane in Lane:
-            self._subs[lane] = await self.js.pull_subscribe_bind(
-                durable=lane_consumer(self.spec.pool, lane), stream=work_stream(self.spec.pool))
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._fetch_loop(Lane.FIRST)),
-                       loop.create_task(self._fetch_loop(Lane.LOW)),
-                       loop.create_task(self._bulk_fetch_loop())]
+        await self._start_fetching(self.js, self.spec.pool)
 
     async def drain(self, timeout_s: float = 60.0) -> None:
         """Stop fetching, finish (and ack) everything already held."""
-        self._stopping.set()
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self._in_flight:
-            await asyncio.wait(self._in_flight, timeout=timeout_s)
-        for sub in self._subs.values():
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        await self._stop_fetching(timeout_s)
 
-    # ---- fetching ------------------------------------------------------------------------
-    async def _fetch_loop(self, lane: Lane) -> None:
-        """The first or the low lane: block for one message, start it, then take what else
-        is queued right now, as long as the lane has ``room``.
 
-        A pull for N messages that finds fewer lingers on the server until N arrive or it
-        expires, and nats-py holds the ones it has until then: measured, a lone request
-        waited up to a second (p99 874 ms at one connection). So the blocking pull asks for
-        one message, and the follow-up pulls for more wait at most a few milliseconds.
-
-        Why the lookahead: an item a busy worker holds waits for that worker even while
-        another worker of the pool is idle. Left in the stream, it goes to whichever worker
-        asks first. Measured (2 workers x 1 thread, 64 clients, 8-256 tokens): holding up
-        to 128 items each left 19% of the CPU idle (297 items/s); docs/benchmarks.md has
-        the lookahead sweep."""
-        sub = self._subs[lane]
-        while not self._stopping.is_set():
-            await self._wait_for_room(lane)
-            await self._room.acquire()
-            msgs = await self._pull(1, timeout_s=2.0, sub=sub)
-            if not msgs:
-                self._room.release()
-                continue
-            fetched, items = 1, self._dispatch(msgs[0], lane)
-            while not self._stopping.is_set():
-                # The room is in items, a pull in work items: as many as fit at the mean
-                # size of those fetched so far. (One per item of room took up to 16 shared
-                # work items at once: passes of 40-64 items, 200-250 ms, on one worker.)
-                want = 0
-                limit = min(self.fetch_batch, self.room(lane) * fetched // items)
-                while want < limit and not self._room.locked():
-                    await self._room.acquire()
-                    want += 1
-                if want == 0:
-                    break
-                msgs = await self._pull(want, timeout_s=0.005, sub=sub)
-                for _ in range(want - len(msgs)):
-                    self._room.release()
-                for msg in msgs:
-                    items += self._dispatch(msg, lane)
-                fetched += len(msgs)
-                if len(msgs) < want:
-                    break
-
-    async def _bulk_fetch_loop(self) -> None:
-        """The bulk lane (bulk jobs' shards): one work item at a time, pulled only while no
-        interactive item waits here for a forward pass, and while this worker holds fewer
-        than BULK_ITEMS_HELD of them (the next one is tokenized and queued when the one
-        computing ends). Interactive work that arrives meanwhile goes first in the batcher
-        (it has the higher priority) and waits at most for the forward pass under way."""
-        while not self._stopping.is_set():
-            await self._wait_for_bulk_room()
-            if self._stopping.is_set():
-                return
-            await self._room.acquire()
-            msgs = await self._pull(1, timeout_s=1.0, sub=self._subs[Lane.BULK])
-            if not msgs:
-                self._room.release()
-                continue
-            self._dispatch(msgs[0], Lane.BULK)
-
-    async def _wait_for_bulk_room(self) -> None:
-        while (self.backlog > 0 or self._bulk_items_held >= BULK_ITEMS_HELD) \
-                and not self._stopping.is_set():
-            self._backlog_moved.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._backlog_moved.wait(), BACKLOG_POLL_S)
-
-    async def _wait_for_room(self, lane: Lane) -> None:
-        """Until ``lane`` has room. Finished items wake us at once; a forward pass that
-        starts (and takes items off the backlog) is seen by polling."""
-        while self.room(lane) <= 0 and not self._stopping.is_set():
-            self._backlog_moved.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._backlog_moved.wait(), BACKLOG_POLL_S)
-
-    async def _pull(self, n: int, timeout_s: float, sub: Any) -> list[Msg]:
-        try:
-            return await sub.fetch(batch=n, timeout=timeout_s)
-        except (NatsTimeoutError, TimeoutError):
-            return []
-        except Exception as exc:  # disconnected: nats-py reconnects; try again soon
-            log.warning("fetch failed: %s", exc)
-            await asyncio.sleep(0.5)
-            return []
-
-    def _dispatch(self, msg: Msg, lane: Lane) -> int:
-        """Start computing ``msg`` in a task of its own; its items."""
-        work: Coroutine[Any, Any, None]
-        bulk, first = lane is Lane.BULK, lane is Lane.FIRST
+    def _start(self, msg: Msg, hold: Callable[[int], Hold]
+               ) -> tuple[int, Coroutine[Any, Any, None]]:
         try:
             item = WorkItemHeaders.from_wire(msg.headers)
         except ProtocolError as exc:
-            count = 1
-            hold = _Hold(self, 0 if bulk else 1, first)
-            work = self._dead_letter_malformed(msg, exc, hold)
-        else:
-            count = max(1, item.count)
-            hold = _Hold(self, 0 if bulk else count, first)
-            work = self._handle(msg, item, hold)
-        task = asyncio.get_running_loop().create_task(work)
-        self._in_flight.add(task)
-        task.add_done_callback(self._done)
-        if bulk:
-            self._bulk_items_held += 1
-            task.add_done_callback(self._bulk_done)
-        return count
-
-    def _bulk_done(self, _: asyncio.Task) -> None:
-        self._bulk_items_held -= 1
-        self._backlog_moved.set()
-
-    def _done(self, task: asyncio.Task) -> None:
-        self._in_flight.discard(task)
-        self._room.release()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("work item handler failed: %r", task.exception())
+            return 1, self._dead_letter_malformed(msg, exc, hold(1))
+        count = max(1, item.count)
+        return count, self._handle(msg, item, hold(count))
 
     # ---- one work item -----------------------------------------------------------------
-    async def _handle(self, msg: Msg, item: WorkItemHeaders, hold: _Hold) -> None:
+    async def _handle(self, msg: Msg, item: WorkItemHeaders, hold: Hold) -> None:
         """One work item, in a task of its own: its log lines carry the request's id (from
         the gateway's Heron-Request-Id), its spans join the gateway's trace (traceparent)."""
         received = time.monotonic()
@@ -413,7 +178,7 @@ class WorkConsumer:
                         "heron.item_start": item.start, "heron.item_count": item.count})
 
     async def _handle_item(self, msg: Msg, item: WorkItemHeaders, received: float,
-                           hold: _Hold) -> int:
+                           hold: Hold) -> int:
         """Compute and answer one item; the HTTP-like status of what happened (200 answered,
         4xx/5xx answered with that error, _RETRIED nak'ed for later, _TERMINATED its gateway
         is gone). The item is kept in progress until it is answered: delivering a result
@@ -426,7 +191,7 @@ class WorkConsumer:
             keep_alive.cancel()
 
     async def _handle_kept(self, msg: Msg, item: WorkItemHeaders, received: float,
-                           hold: _Hold) -> int:
+                           hold: Hold) -> int:
         deadline = item.deadline
         computed = False
 
@@ -531,7 +296,7 @@ class WorkConsumer:
         await msg.nak(delay=exc.retry_after_s or 1.0)
         return _RETRIED
 
-    async def _dead_letter_malformed(self, msg: Msg, exc: ProtocolError, hold: _Hold) -> None:
+    async def _dead_letter_malformed(self, msg: Msg, exc: ProtocolError, hold: Hold) -> None:
         """A work item whose headers cannot be read (a Heron-Item-Start or Heron-Item-Count
         that is no number, ...): it can never run and its reply cannot be trusted, so it is
         kept in the dead-letter stream for inspection and taken off the work stream."""

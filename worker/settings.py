@@ -20,12 +20,12 @@ from heron.runtime.settings import InferenceServerSettings, setting
 from heron_sdk.types import MAX_BODY_BYTES
 
 # Queue mode: items held beyond the running forward pass. 16 on CPU (measured, see
-# WorkConsumer._fetch_loop); 128 on a GPU, where a forward pass takes milliseconds and
-# batches must be big to use the device.
+# LaneFetcher._fetch_loop in worker/fetching.py); 128 on a GPU, where a forward pass takes
+# milliseconds and batches must be big to use the device.
 CPU_FETCH_LOOKAHEAD = 16
 GPU_FETCH_LOOKAHEAD = 128
 # While a forward pass runs, a CPU worker holds nothing more: what arrives meanwhile waits in
-# the stream for whichever worker is free first (WorkConsumer.lookahead). On a GPU the pass
+# the stream for whichever worker is free first (LaneFetcher.lookahead). On a GPU the pass
 # is short and the next batch is fetched and tokenized during it, so the lookahead stays.
 CPU_FETCH_LOOKAHEAD_BUSY = 0
 

@@ -68,7 +68,7 @@ class Lane(enum.Enum):
     job's items gave interactive p99 x11 to x18 at 8 clients (bench/job_bench.py), and a
     flood of priority-1 requests left priority 0's p99 at 0.64 of theirs
     (bench/priority_bench.py). A worker fetches a lane only while it holds no work of the
-    lanes before it that waits for a forward pass (worker/consumer.py)."""
+    lanes before it that waits for a forward pass (worker/fetching.py)."""
 
     FIRST = ""  # priority 0, the default: heron.work.<pool>.<model>
     LOW = "low"  # interactive requests of priority 1 and up: heron.work.<pool>.low.<model>
