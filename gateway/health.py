@@ -193,10 +193,10 @@ class WorkerHealth:
             if waiter in waiters:
                 waiters.remove(waiter)
 
-    def pull(self, pool: str, lane: Lane) -> bool:
-        """Whether every healthy worker of the pool pulls ``lane`` (a worker from before
-        the low lane beats no lanes: work for it goes on the first lane instead)."""
-        healthy = self.healthy(pool)
+    @staticmethod
+    def all_pull(healthy: list[WorkerBeat], lane: Lane) -> bool:
+        """Whether every one of a pool's ``healthy`` workers pulls ``lane`` (a worker from
+        before the low lane beats no lanes: work for it goes on the first lane instead)."""
         return bool(healthy) and all(lane.label in w.lanes for w in healthy)
 
     def model_adapter(self, pool: str, model_id: str) -> str | None:

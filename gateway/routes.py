@@ -262,13 +262,14 @@ class GatewayApp:
         await self._require_capacity(route)
         note_route(route.model_id, route.pool)  # the request's log lines and span name both
         context = current_request()  # bound by RequestScope: the client's X-Request-Id
+        healthy = self.health.healthy(route.pool)
         return await self.dispatcher.submit(WorkRequest(
             request_id=context.request_id if context else new_request_id(),
             pool=route.pool, task=task, model_id=route.model_id, wire_body=wire_body,
             items=items, timeout_s=timeout_s, received_at=call.received_at,
-            priority=options.priority, workers=len(self.health.healthy(route.pool)),
+            priority=options.priority, workers=len(healthy),
             shared_text=shared_text, partial=partial, bulk=bulk, weights=weights,
-            low_lane=options.priority <= 0 or self.health.pull(route.pool, Lane.LOW)))
+            low_lane=options.priority <= 0 or self.health.all_pull(healthy, Lane.LOW)))
 
     async def _require_capacity(self, route: ModelRoute) -> None:
         pool = route.pool

@@ -10,6 +10,7 @@ that whichever side starts first creates them, identically.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import re
 import secrets
@@ -90,9 +91,15 @@ def lane_of(priority: int, bulk: bool = False) -> Lane:
 # The filters are disjoint, as a work-queue stream requires of its consumers: the first
 # lane's subjects have 4 tokens, the others' 5 (a model named "low" or "bulk" is
 # heron.work.<pool>.low, in the first lane).
+@functools.lru_cache(maxsize=1024)  # per request on a gateway; pools and models are few
 def work_subject(pool: str, model: str, lane: Lane = Lane.FIRST) -> str:
+    return f"{_lane_prefix(pool, lane)}{token(model)}"
+
+
+def _lane_prefix(pool: str, lane: Lane) -> str:
+    """``heron.work.<pool>.`` and the lane's token (the first lane has none)."""
     infix = f"{lane.value}." if lane.value else ""
-    return f"heron.work.{token(pool)}.{infix}{token(model)}"
+    return f"heron.work.{token(pool)}.{infix}"
 
 
 def work_subjects(pool: str) -> str:
@@ -101,8 +108,7 @@ def work_subjects(pool: str) -> str:
 
 
 def lane_subjects(pool: str, lane: Lane) -> str:
-    infix = f"{lane.value}." if lane.value else ""
-    return f"heron.work.{token(pool)}.{infix}*"
+    return f"{_lane_prefix(pool, lane)}*"
 
 
 def lane_consumer(pool: str, lane: Lane) -> str:
