@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from heron.runtime import heap
 from heron.runtime.adapters import AUTO
 from heron.runtime.checkpoint import CheckpointError, detect_family, read_checkpoint
 from heron.runtime.modelconfig import Bundle, ModelConfig, Profile
@@ -322,6 +323,7 @@ class ModelRegistry:
         entry.load_seconds = time.monotonic() - started
         entry.last_used = time.monotonic()
         entry.state, entry.loaded_once = LoadState.READY, True
+        heap.settle()  # the model's objects leave the collector's full walks
         log.info("model %s ready on %s in %.1fs (%.0f MB)", config.id, entry.device,
                  entry.load_seconds, entry.resident_bytes / 1e6)
         self._loaded(config.id, "loaded", started)
@@ -433,7 +435,7 @@ class ModelRegistry:
             await runner.stop()
             runner.adapter.release()
         self._unpin(entry)
-        gc.collect()
+        heap.release()  # the model's objects were frozen when it loaded
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         log.info("evicted model %s (%s; %.0f MB)", entry.config.id, reason,

@@ -16,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from heron import __version__
+from heron.runtime import heap
 from heron.runtime.auth import api_key_middleware
 from heron.runtime.backend import InferenceBackend
 from heron.runtime.cors import cors_middleware, parse_origins
@@ -92,9 +93,11 @@ def _closing(fetcher: ImageFetcher, lifespan: Lifespan | None) -> Lifespan:
     async def run(app: Starlette) -> AsyncIterator[None]:
         try:
             if lifespan is None:
+                heap.settle()
                 yield
             else:
                 async with lifespan(app):
+                    heap.settle()  # start-up's objects leave the collector's full walks
                     yield
         finally:
             await fetcher.aclose()
