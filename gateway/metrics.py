@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from heron.runtime.metric_children import MetricChildren
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
                     30)
@@ -22,11 +23,11 @@ _GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _LEGACY_PHASES = {"queue": "batch_wait"}
 
 
-class GatewayMetrics:
+class GatewayMetrics(MetricChildren):
     def __init__(self) -> None:
+        super().__init__()
         self.registry = CollectorRegistry()
         r = self.registry
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.requests = Counter("heron_gateway_requests_total",
                                 "Requests by route, model and status",
                                 ["route", "model", "status"], registry=r)
@@ -72,15 +73,6 @@ class GatewayMetrics:
         self.config_epoch = Gauge("heron_gateway_config_epoch",
                                   "Config epoch this gateway has applied (with --config)",
                                   registry=r)
-
-    def of(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, cached: the lookup costs a few microseconds, and the
-        request path makes ten a request (label sets are few: routes, models, pools)."""
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
 
     def forget_pool(self, pool: str) -> None:
         """Drop a pool's per-pool series (a lease ended): a gone pool shows no demand."""

@@ -208,8 +208,9 @@ class LocalBackend:
         return self.registry.canonical_id(name)
 
     def observe_request(self, route: str, model: str, status: int, seconds: float) -> None:
-        self.metrics.requests.labels(route, model, str(status)).inc()
-        self.metrics.latency.labels(route, model).observe(seconds)
+        metrics = self.metrics
+        metrics.of(metrics.requests, route, model, str(status)).inc()
+        metrics.of(metrics.latency, route, model).observe(seconds)
 
     # ---- metrics -----------------------------------------------------------------------
     def _set_gauges(self) -> None:

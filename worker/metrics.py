@@ -23,6 +23,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from heron.runtime.metric_children import MetricChildren
 from heron.worker.result_cache import CacheStats, ResultCache
 from heron.worker.runner import BatchStats
 from heron.worker.shared_results import SharedStats
@@ -32,8 +33,9 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
                     30)
 
 
-class WorkerMetrics:
+class WorkerMetrics(MetricChildren):
     def __init__(self) -> None:
+        super().__init__()
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("heron_worker_requests_total", "Requests by route, model and "
@@ -125,15 +127,16 @@ class WorkerMetrics:
         r.register(WeightCacheCollector())
 
     def observe_batch(self, model: str, stats: BatchStats) -> None:
-        self.items.labels(model).inc(stats.items)
-        self.batch_items.labels(model).observe(stats.items)
-        self.batch_tokens.labels(model).observe(stats.padded_tokens)
-        self.padding_ratio.labels(model).observe(stats.padded_tokens / max(1, stats.real_tokens))
-        self.batch_seconds.labels(model).observe(stats.inference_s)
+        of = self.of
+        of(self.items, model).inc(stats.items)
+        of(self.batch_items, model).observe(stats.items)
+        of(self.batch_tokens, model).observe(stats.padded_tokens)
+        of(self.padding_ratio, model).observe(stats.padded_tokens / max(1, stats.real_tokens))
+        of(self.batch_seconds, model).observe(stats.inference_s)
 
     def observe_phases(self, model: str, phases: Mapping[str, float]) -> None:
         for phase, seconds in phases.items():
-            self.phase.labels(phase, model).observe(seconds)
+            self.of(self.phase, phase, model).observe(seconds)
 
     def observe_eviction(self, model: str, reason: str) -> None:
         self.evictions.labels(model, reason).inc()

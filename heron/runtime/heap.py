@@ -8,7 +8,8 @@ mean. ``settle`` collects once and freezes what survives (``gc.freeze``): later
 collections walk only objects made since (0.24 ms a full collection on that gateway).
 
 Frozen objects are never collected as cycles, so what frees a frozen model (a worker's
-eviction) thaws first: ``release``.
+eviction) thaws first (``release``), and so does an app's shutdown (``thaw``): an app
+run inside a longer process (tests, an embedding program) leaves nothing frozen behind.
 """
 
 from __future__ import annotations
@@ -27,3 +28,8 @@ def release() -> None:
     collect everything (its cycles too), freeze what is left again."""
     gc.unfreeze()
     settle()
+
+
+def thaw() -> None:
+    """The app stops: everything frozen is collected as usual again."""
+    gc.unfreeze()

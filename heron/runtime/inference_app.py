@@ -87,7 +87,8 @@ def build_inference_app(backend: InferenceBackend, *, title: str,
 
 
 def _closing(fetcher: ImageFetcher, lifespan: Lifespan | None) -> Lifespan:
-    """``lifespan``, then the image fetcher's connections closed."""
+    """``lifespan``, the heap settled once it has started and thawed when it ends
+    (heron.runtime.heap), then the image fetcher's connections closed."""
 
     @asynccontextmanager
     async def run(app: Starlette) -> AsyncIterator[None]:
@@ -100,6 +101,7 @@ def _closing(fetcher: ImageFetcher, lifespan: Lifespan | None) -> Lifespan:
                     heap.settle()  # start-up's objects leave the collector's full walks
                     yield
         finally:
+            heap.thaw()
             await fetcher.aclose()
 
     return run

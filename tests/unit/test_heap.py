@@ -44,3 +44,14 @@ def test_a_cycle_frozen_alive_is_collected_once_released() -> None:
     heap.release()
     assert alive() is None
     assert gc.get_freeze_count() > 0  # what still lives is frozen again
+
+
+def test_a_thaw_lets_every_frozen_cycle_be_collected() -> None:
+    app_state = Node()
+    alive = weakref.ref(app_state)
+    heap.settle()
+    del app_state
+    heap.thaw()
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert alive() is None
