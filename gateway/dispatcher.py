@@ -103,7 +103,7 @@ class WorkRequest:
     # which workers pull only while no interactive work waits; never coalesced; counted in
     # a backlog of its own, so interactive admission does not see it ahead of itself.
     bulk: bool = False
-    # Whether the pool's workers pull the low lane (all of them: WorkerHealth.pull); if not,
+    # Whether the pool's workers pull the low lane (all of them: WorkerHealth.all_pull); if not,
     # a request of priority 1 and up goes on the first lane, where they all look.
     low_lane: bool = True
     # Each item's weight in admission and the backlog (gateway/slicing.chunk_weights: a

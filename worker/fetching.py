@@ -29,7 +29,7 @@ log = logging.getLogger("heron.worker.fetching")
 
 BACKLOG_POLL_S = 0.005  # how often a full backlog is looked at again (forward passes start)
 # The lanes a worker pulls (every one), as its heartbeats say: a gateway sends work to a
-# lane only when every healthy worker of the pool pulls it (WorkerHealth.pull).
+# lane only when every healthy worker of the pool pulls it (WorkerHealth.all_pull).
 PULLED_LANES = tuple(lane.label for lane in Lane)
 # Bulk lane work items a worker holds at most: the one computing and the next, already
 # tokenized and queued, so the model never waits for a fetch between them.
@@ -66,6 +66,7 @@ class Hold:
             if self.first:
                 self.consumer._first_items_held += self.items
         self.counted = True
+
 
 class LaneFetcher:
     """The fetching half of WorkConsumer: its subclass turns a fetched message into the
@@ -146,7 +147,6 @@ class LaneFetcher:
         if lane is Lane.FIRST and self._held_items > self._first_items_held:
             return self.lookahead_items
         return self.lookahead_busy_items
-
 
     async def _start_fetching(self, js: JetStreamContext, pool: str) -> None:
         """Bind every lane's consumer and start its fetch loop."""
@@ -256,7 +256,6 @@ class LaneFetcher:
             log.warning("fetch failed: %s", exc)
             await asyncio.sleep(0.5)
             return []
-
 
     def _start(self, msg: Msg, hold: Callable[[int], Hold]
                ) -> tuple[int, Coroutine[Any, Any, None]]:
