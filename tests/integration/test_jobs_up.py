@@ -27,7 +27,7 @@ POOL = "null"
 
 
 def child(up: UpProcess, mark: str) -> psutil.Process:
-    found = [p for p in up.children() if mark in " ".join(p.cmdline())]
+    found = up.children_with(mark)
     assert found, f"no child with {mark!r}"
     return found[0]
 

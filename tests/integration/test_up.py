@@ -37,17 +37,25 @@ class UpProcess:
     def children(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
 
-    def child_commands(self) -> list[str]:
-        """The command lines of the running children. One that exited but is not reaped yet
-        (a zombie) or is gone has none: it is left out, not an error (CI saw a
-        psutil.ZombieProcess here while a scaled-down worker was being reaped)."""
-        commands = []
+    def running_children(self) -> list[tuple[psutil.Process, str]]:
+        """The running children with their command lines. One that exited but is not reaped
+        yet (a zombie) or is gone has none: it is left out, not an error (CI saw
+        psutil.ZombieProcess and NoSuchProcess here while a killed or scaled-down child was
+        being reaped)."""
+        running = []
         for child in self.children():
             try:
-                commands.append(" ".join(child.cmdline()))
+                running.append((child, " ".join(child.cmdline())))
             except (psutil.ZombieProcess, psutil.NoSuchProcess):
                 continue
-        return commands
+        return running
+
+    def child_commands(self) -> list[str]:
+        return [command for _, command in self.running_children()]
+
+    def children_with(self, mark: str) -> list[psutil.Process]:
+        """The running children whose command line holds ``mark``."""
+        return [child for child, command in self.running_children() if mark in command]
 
     def wait_for(self, check, timeout_s: float = 90) -> None:
         deadline = time.monotonic() + timeout_s

@@ -52,8 +52,8 @@ async def test_three_nats_nodes_three_replicas(tmp_path: Path) -> None:
         assert all(f"-sd {up.data_dir}/nats-{i}" in nodes[i] for i in range(3))
         others = [c for c in commands if "nats-server" not in c]
         assert len(others) == 3 and all(f"--nats {','.join(urls)}" in c for c in others)
-        assert all(p.environ().get("HERON_STREAM_REPLICAS") == "3" for p in up.children()
-                   if "heron.cli" in " ".join(p.cmdline()))
+        assert all(p.environ().get("HERON_STREAM_REPLICAS") == "3"
+                   for p in up.children_with("heron.cli"))
 
         nc = await nats.connect(servers=urls)
         try:
@@ -66,7 +66,7 @@ async def test_three_nats_nodes_three_replicas(tmp_path: Path) -> None:
             await nc.close()
 
         # A node dies: it is restarted like any child, and the cluster keeps answering.
-        [node] = [p for p in up.children() if f"-p {base + 1} " in " ".join(p.cmdline())]
+        [node] = up.children_with(f"-p {base + 1} ")
         node.send_signal(signal.SIGKILL)
         up.wait_for(lambda: "heron up: nats-1 restarted (restart 1)" in up.log.read_text(),
                     timeout_s=60)

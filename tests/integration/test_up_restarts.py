@@ -41,7 +41,7 @@ async def until(up: UpProcess, check: Callable[[], Any], timeout_s: float, what:
 
 
 def child(up: UpProcess, mark: str) -> psutil.Process:
-    [found] = [p for p in up.children() if mark in " ".join(p.cmdline())]
+    [found] = up.children_with(mark)
     return found
 
 
