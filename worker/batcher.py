@@ -65,6 +65,12 @@ BACKGROUND_QUIET_S = 0.010
 # Admit a request only if the queue ahead of it is expected to be done within this share
 # of its time left: the estimate is a mean, and tokenizing and answering take time too.
 ADMISSION_MARGIN = 0.85
+# A split whose batches can hold at most this many items (the cap, or the items there
+# are) is planned in plain Python, a wider one with numpy: per item planned, plain Python
+# costs about 0.07 µs a candidate batch start, numpy 5 µs whatever their number (this
+# 2-core machine: 10 items 7 against 52 µs; 257 items of cap 64 1.1 against 1.3 ms;
+# 1,025 items of cap 256 16 against 5.6 ms).
+PLAIN_PLAN_WIDTH = 64
 
 
 @dataclass(slots=True)
@@ -268,10 +274,24 @@ class TokenBudgetBatcher:
         at = bisect.bisect_left(keys, (anchor.length, anchor.seq))
         reach = 2 * cap
         first, last = max(0, at - reach), min(len(keys), at + reach + 1)
-        lengths = np.fromiter((k[0] for k in keys[first:last]), dtype=np.float64,
-                              count=last - first)
-        n = len(lengths)
         overhead = self.cost.overhead_tokens
+        if min(last - first, cap) <= PLAIN_PLAN_WIDTH:
+            start = self._split_plain([float(k[0]) for k in keys[first:last]], cap,
+                                      overhead)
+        else:
+            start = self._split(np.fromiter((k[0] for k in keys[first:last]),
+                                            dtype=np.float64, count=last - first), cap,
+                                overhead)
+        # Walk the optimal split back to the batch that holds the anchor.
+        j, target = last - first, at - first
+        while start[j] > target:
+            j = int(start[j])
+        return first + int(start[j]), first + j - 1
+
+    def _split(self, lengths: np.ndarray, cap: int, overhead: float) -> Any:
+        """The cheapest split of ``lengths`` (sorted) into batches: ``start[j]``, where the
+        last batch of the first j items starts."""
+        n = len(lengths)
         best = np.full(n + 1, np.inf)
         best[0] = 0.0
         start = np.zeros(n + 1, dtype=np.int64)
@@ -293,11 +313,35 @@ class TokenBudgetBatcher:
             i = len(costs) - 1 - int(np.argmin(costs[::-1]))  # ties: start later
             best[j] = costs[i]
             start[j] = low + i
-        # Walk the optimal split back to the batch that holds the anchor.
-        j, target = n, at - first
-        while start[j] > target:
-            j = int(start[j])
-        return first + int(start[j]), first + j - 1
+        return start
+
+    def _split_plain(self, lengths: list[float], cap: int, overhead: float) -> list[int]:
+        """``_split`` in plain Python, the same answer to the last bit (the same float
+        operations in the same order): for a few items numpy's per-call cost dominates,
+        52 µs for 10 items against 7 (about a null model's batch: one a work item)."""
+        n = len(lengths)
+        budget = self.max_batch_tokens
+        best = [0.0] + [math.inf] * n
+        start = [0] * (n + 1)
+        prefix = [0.0]
+        for length in lengths:
+            prefix.append(prefix[-1] + length)
+        for j in range(1, n + 1):
+            width = lengths[j - 1]
+            if self.packed:
+                low = max(bisect.bisect_left(prefix, prefix[j] - budget), j - cap, 0)
+                low = min(low, j - 1)
+            else:
+                low = max(0, j - max(1, min(cap, int(budget // width))))
+            chosen, least = low, math.inf
+            for i in range(low, j):
+                tokens = prefix[j] - prefix[i] if self.packed else width * (j - i)
+                cost = best[i] + overhead + tokens
+                if cost <= least:  # ties: start later
+                    chosen, least = i, cost
+            best[j] = least
+            start[j] = chosen
+        return start
 
     @staticmethod
     def _drop_dead(batch: list[WorkItem]) -> list[WorkItem]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
+import numpy as np
 import pytest
 
 from heron.worker.batcher import PRIORITY_AGING_S, TokenBudgetBatcher, WorkItem
@@ -289,3 +291,21 @@ async def test_worse_work_waits_a_moment_after_better_work_for_its_clients_to_re
     assert {i.priority for i in bulk} == {10}
     assert time.monotonic() - started >= LOW_PRIORITY_QUIET_S * 0.9
     assert {i.priority for i in await b.next_batch()} == {10} and len(b) == 0
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_planning_in_plain_python_splits_as_numpy_does(packed: bool) -> None:
+    """Narrow splits are planned in plain Python, wide ones with numpy: for any lengths,
+    cap, token budget and overhead the two split the queue the same way."""
+    rng = random.Random(11)
+    b = TokenBudgetBatcher(max_batch_tokens=1000, max_batch_items=64, max_wait_s=0.0,
+                           max_queue_items=1000, packed=packed)
+    for _ in range(500):
+        b.max_batch_tokens = rng.choice([64, 256, 2048, 16384])
+        lengths = sorted(rng.choice([rng.randint(1, 512), rng.randint(8, 16)])
+                         for _ in range(rng.randint(1, 80)))
+        cap = rng.choice([1, 2, 4, 16, 64, 256])
+        overhead = rng.choice([0.0, 7.3, 64.0, 500.0])
+        wide = b._split(np.array(lengths, dtype=np.float64), cap, overhead)
+        plain = b._split_plain([float(n) for n in lengths], cap, overhead)
+        assert [int(i) for i in wide] == plain, (lengths, cap, overhead)
