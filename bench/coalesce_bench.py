@@ -5,9 +5,11 @@ one text per request (where coalescing at the gateway matters).
                                    [--out DIR]
 
 1. ``null`` (bundle null: real tokenization, no model compute): requests/s at 32 clients
-   and p50 at one client, `heron serve` and then `heron up` (one gateway, as many workers
-   as ``heron serve --workers auto`` runs processes, the cores split between them as
-   `heron serve` splits them), each alone on the machine.
+   (the median of ``--rounds`` interleaved steps) and p50 at one client, of `heron serve`,
+   `heron up` with the bench's layout (one gateway, as many workers as ``heron serve
+   --workers auto`` runs processes, the cores split between them as `heron serve` splits
+   them) and `heron up` as it starts by default (one worker, all the cores' threads),
+   all three up at once.
 2. ``messages``: NATS messages a request costs (nats-server's /varz in + out), with
    coalescing and with ``--coalesce-max-items 0``, at 1 and 32 clients (null model).
 3. ``minilm`` (the default bundle, mixed 8-128-token texts): both servers up at once (the
@@ -56,23 +58,40 @@ def brief(summary: dict[str, Any]) -> str:
             + (f" non-2xx {summary['non_2xx']}" if summary["non_2xx"] else ""))
 
 
-def null_part(work: Path, bodies: Path, workers: int, duration: float) -> dict[str, Any]:
+def null_part(work: Path, bodies: Path, workers: int, duration: float,
+              rounds: int) -> dict[str, Any]:
+    """`heron serve`, `heron up` with the bench's layout (``workers`` workers, as serve runs
+    processes) and `heron up` as it starts by default (one worker, every core's threads),
+    all up at once; their 32-client steps interleaved ``rounds`` times (the order turning
+    each round: the second of a pair ran 10-15% slower on some days), then one 1-client
+    step each. Medians over the rounds."""
     out: dict[str, Any] = {}
-    with start_server(work / "serve-null.log", bundle="null") as server:
-        url = f"{server.url}/v1/encode/null-model"
-        step(url, bodies, 8, 2.0)
-        out["serve"] = {"c1": step(url, bodies, 1, duration),
-                        "c32": step(url, bodies, 32, duration)}
-    log(f"null, heron serve: c1 {brief(out['serve']['c1'])}; c32 {brief(out['serve']['c32'])}")
-    with local_cluster("null", work / "up-null", workers,
-                       threads_per_process(workers)) as (gateway, _):
-        url = f"{gateway}/v1/encode/null-model"
-        step(url, bodies, 8, 2.0)
-        out["up"] = {"c1": step(url, bodies, 1, duration),
-                     "c32": step(url, bodies, 32, duration)}
-    log(f"null, heron up: c1 {brief(out['up']['c1'])}; c32 {brief(out['up']['c32'])}")
-    out["up_to_serve_c32"] = round(out["up"]["c32"]["throughput_rps"]
-                                   / out["serve"]["c32"]["throughput_rps"], 3)
+    with start_server(work / "serve-null.log", bundle="null") as server, \
+            local_cluster("null", work / "up-null", workers,
+                          threads_per_process(workers)) as (gateway, _), \
+            local_cluster("null", work / "up-null-default", 1,
+                          threads_per_process(1)) as (default_gateway, _):
+        urls = {"serve": f"{server.url}/v1/encode/null-model",
+                "up": f"{gateway}/v1/encode/null-model",
+                "up_default": f"{default_gateway}/v1/encode/null-model"}
+        for url in urls.values():
+            step(url, bodies, 8, 2.0)  # warm-up
+        steps: dict[str, list[dict[str, Any]]] = {side: [] for side in urls}
+        for index in range(rounds):
+            order = list(urls)[index % 3:] + list(urls)[:index % 3]
+            for side in order:
+                steps[side].append(step(urls[side], bodies, 32, duration))
+            log(f"null c32 round {index}: " + "; ".join(
+                f"{side} {brief(steps[side][-1])}" for side in order))
+        for side, url in urls.items():
+            c32 = {"steps": steps[side], "throughput_rps": statistics.median(
+                s["throughput_rps"] for s in steps[side])}
+            out[side] = {"c1": step(url, bodies, 1, duration), "c32": c32}
+            log(f"null, {side}: c1 {brief(out[side]['c1'])}; c32 median "
+                f"{c32['throughput_rps']}/s")
+    for side in ("up", "up_default"):
+        out[f"{side}_to_serve_c32"] = round(out[side]["c32"]["throughput_rps"]
+                                            / out["serve"]["c32"]["throughput_rps"], 3)
     return out
 
 
@@ -152,25 +171,30 @@ def plot(result: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    labels, serve, up = [], [], []
+    panels: list[tuple[str, list[tuple[str, float]]]] = []
     if "null" in result:
-        labels.append("null model\n32 clients")
-        serve.append(result["null"]["serve"]["c32"]["throughput_rps"])
-        up.append(result["null"]["up"]["c32"]["throughput_rps"])
+        null = result["null"]
+        bars = [("heron serve", null["serve"]["c32"]["throughput_rps"]),
+                ("heron up", null["up"]["c32"]["throughput_rps"])]
+        if "up_default" in null:
+            bars.append(("heron up\n(default)", null["up_default"]["c32"]["throughput_rps"]))
+        panels.append(("null model\n32 clients", bars))
     for c in (32, 64):
         row = result.get("minilm", {}).get("summary", {}).get(f"c{c}")
         if row:
-            labels.append(f"MiniLM\n{c} clients")
-            serve.append(row["serve_rps"])
-            up.append(row["up_rps"])
-    if not labels:
+            panels.append((f"MiniLM\n{c} clients",
+                           [("heron serve", row["serve_rps"]), ("heron up", row["up_rps"])]))
+    if not panels:
         return False
-    fig, axes = plt.subplots(1, len(labels), figsize=(3.2 * len(labels), 3.8))
-    for ax, label, s, u in zip(fig.axes if len(labels) > 1 else [axes], labels, serve, up,
-                               strict=True):
-        ax.bar(["heron serve", "heron up"], [s, u], color=["#4c72b0", "#dd8452"])
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.8),
+                             squeeze=False)
+    colors = ["#4c72b0", "#dd8452", "#c44e52"]
+    for ax, (label, bars) in zip(axes[0], panels, strict=True):
+        ax.bar([name for name, _ in bars], [value for _, value in bars],
+               color=colors[:len(bars)])
         ax.set(title=label, ylabel="requests / s")
-        ax.text(1, u, f"{u / s:.0%}", ha="center", va="bottom")
+        for x, (_, value) in enumerate(bars[1:], start=1):
+            ax.text(x, value, f"{value / bars[0][1]:.0%}", ha="center", va="bottom")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -188,8 +212,9 @@ def run(part: str, quick: bool, rounds: int, out: Path) -> dict[str, Any]:
                               "workers": workers, "duration_s": duration,
                               "workload": "one text per request, 8-128 tokens"}
     if part in ("null", "all"):
-        log("null model: heron serve, then heron up")
-        result["null"] = null_part(work, bodies, workers, duration)
+        log(f"null model: heron serve and heron up (two layouts) interleaved, {rounds} "
+            "round(s)")
+        result["null"] = null_part(work, bodies, workers, duration, rounds)
     if part in ("messages", "all"):
         log("NATS messages a request, with and without coalescing")
         result["messages"] = messages_part(work, bodies, workers, duration)
