@@ -216,7 +216,6 @@ class Dispatcher:
         self._admit(work, load, len(pieces), remaining)
 
         inbox_key = new_request_id()
-        reply = reply_subject(self.gateway_id, inbox_key)
         deadline = time.time() + remaining  # wall clock: workers compare it with theirs
         pending = _Pending(Reassembly(work.request_id, pieces, partial=work.partial),
                            load, asyncio.get_running_loop().create_future(),
@@ -236,7 +235,8 @@ class Dispatcher:
                                                     work_subject(work.pool, work.model_id,
                                                                  work.lane),
                                                 "heron.work_items": len(encoded)}):
-                    await self._publish(work, reply, deadline, encoded)
+                    await self._publish(work, reply_subject(self.gateway_id, inbox_key),
+                                        deadline, encoded)
                 timings["publish"] = time.monotonic() - pending.published_at
             # A timer on the future, not asyncio.wait_for: 2.6 us against 4.8 a request.
             expiry = asyncio.get_running_loop().call_later(

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from heron.runtime.loop_histogram import LoopHistogram
 from heron.runtime.metric_children import MetricChildren
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
@@ -31,12 +32,15 @@ class GatewayMetrics(MetricChildren):
         self.requests = Counter("heron_gateway_requests_total",
                                 "Requests by route, model and status",
                                 ["route", "model", "status"], registry=r)
-        self.latency = Histogram("heron_gateway_request_duration_seconds", "Request latency",
-                                 ["route", "model"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.phase = Histogram("heron_gateway_phase_duration_seconds",
-                               "Time per phase of a successful request (coalesce, publish, "
-                               "queue_wait, tokenize, batch_wait, inference, postprocess)",
-                               ["phase", "model"], buckets=_LATENCY_BUCKETS, registry=r)
+        # Observed eight or nine times a request, on the event loop: lock-free counts
+        # (heron.runtime.loop_histogram), the same series as prometheus_client's.
+        self.latency = LoopHistogram("heron_gateway_request_duration_seconds",
+                                     "Request latency", ["route", "model"],
+                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.phase = LoopHistogram("heron_gateway_phase_duration_seconds",
+                                   "Time per phase of a successful request (coalesce, publish, "
+                                   "queue_wait, tokenize, batch_wait, inference, postprocess)",
+                                   ["phase", "model"], buckets=_LATENCY_BUCKETS, registry=r)
         self.coalesced = Histogram("heron_gateway_coalesced_requests",
                                    "Requests that shared one work item (small encode and "
                                    "extract requests of one model and options)", ["pool"],
