@@ -102,8 +102,16 @@ class S3Blobs:
         self.prefix = prefix.strip("/")
         if client is None:
             import boto3  # only S3 stores need boto3
+            from botocore.config import Config
 
-            client = boto3.client("s3", endpoint_url=endpoint_url or s3_endpoint())
+            # Bounded: the store's objects are small JSON documents, and a call that hangs
+            # on botocore's defaults (60 s a read, five tries) holds the thread it runs in,
+            # which a stopping service then waits for; a failed read is retried by the
+            # service's own loop.
+            client = boto3.client("s3", endpoint_url=endpoint_url or s3_endpoint(),
+                                  config=Config(connect_timeout=5, read_timeout=10,
+                                                retries={"mode": "standard",
+                                                         "max_attempts": 2}))
         self.client = client
 
     def describe(self) -> str:

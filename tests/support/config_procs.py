@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,10 @@ def model_body(model_id: str = "org/new-dense", **extra: Any) -> dict[str, Any]:
     return body
 
 
+# A stop waits for store calls in flight: at most two S3 tries of 5 s to connect and 10 s to
+# read (config_service/blobs.py), and the NATS link's bounded close.
+STOP_TIMEOUT_S = 45
+
 class InProcessConfig:
     """create_app served by uvicorn in a thread on a free loopback port.
 
@@ -85,8 +90,12 @@ class InProcessConfig:
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self.thread.join(20)
-        assert not self.thread.is_alive(), "the config service did not stop"
+        self.thread.join(STOP_TIMEOUT_S)
+        if self.thread.is_alive():  # say where it hangs
+            frame = sys._current_frames().get(self.thread.ident or -1)
+            stack = "".join(traceback.format_stack(frame)) if frame is not None else "?"
+            raise AssertionError(f"the config service did not stop in {STOP_TIMEOUT_S} s; "
+                                 f"its thread is at:\n{stack}")
 
     def post(self, body: Any, *, content_type: str = "application/json",
              headers: dict[str, str] | None = None) -> httpx.Response:
