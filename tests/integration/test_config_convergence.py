@@ -17,6 +17,8 @@ from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 RESYNC = {"HERON_CONFIG_RESYNC_S": "1"}
+# Each config epoch a gateway applies is an info line: a failed wait shows which it had.
+INFO_LOGS = ["--log-level", "info"]
 
 
 def tiny_config(model_id: str, path: Path) -> dict:
@@ -25,12 +27,26 @@ def tiny_config(model_id: str, path: Path) -> dict:
             "bundles": ["default"]}
 
 
-def wait(check: Callable[[], bool], timeout_s: float = 30, every: float = 0.05) -> float:
+def wait(check: Callable[[], bool], timeout_s: float = 30, every: float = 0.05,
+         explain: Callable[[], str] | None = None) -> float:
     started = time.monotonic()
     while not check():
-        assert time.monotonic() - started < timeout_s, "timed out"
+        assert time.monotonic() - started < timeout_s, \
+            f"timed out after {timeout_s} s" + (f"\n{explain()}" if explain else "")
         time.sleep(every)
     return time.monotonic() - started
+
+
+def listing(gateway: GatewayProcess) -> str:
+    """What a gateway answers on /v1/models and /readyz, and its log: why a wait failed."""
+    parts = []
+    for path in ("/v1/models", "/readyz"):
+        try:
+            r = httpx.get(gateway.url + path, timeout=5)
+            parts.append(f"GET {path}: {r.status_code} {r.text[:2000]}")
+        except httpx.HTTPError as exc:
+            parts.append(f"GET {path}: {exc!r}")
+    return "\n".join([*parts, gateway.log_tail()])
 
 
 def model_ids(gateway: GatewayProcess) -> set[str]:
@@ -85,7 +101,8 @@ def test_late_and_cut_off_gateways_converge(nats_server: NatsServer, config_serv
     pool = f"c{uuid.uuid4().hex[:8]}"
     proxy = TcpProxy(nats_server.port).open()
     cut_off = GatewayProcess(proxy.url, {"default": pool}, tmp_path,
-                             extra_args=["--config", config_service.url], extra_env=RESYNC)
+                             extra_args=["--config", config_service.url, *INFO_LOGS],
+                             extra_env=RESYNC)
     try:
         cut_off.wait_ready()
         proxy.cut()  # this gateway loses NATS: it will miss every delta below
@@ -95,12 +112,15 @@ def test_late_and_cut_off_gateways_converge(nats_server: NatsServer, config_serv
                            json=tiny_config(model_id, tiny_models["tiny-dense-cls"]))
             assert r.status_code == 201, r.text
         late = GatewayProcess(nats_server.url, {"default": pool}, tmp_path,
-                              extra_args=["--config", config_service.url], extra_env=RESYNC)
+                              extra_args=["--config", config_service.url, *INFO_LOGS],
+                              extra_env=RESYNC)
         try:
             late.wait_ready()
-            wait(lambda: set(ids) <= model_ids(late), timeout_s=30)
+            wait(lambda: set(ids) <= model_ids(late), timeout_s=30,
+                 explain=lambda: listing(late))
             proxy.open()
-            wait(lambda: set(ids) <= model_ids(cut_off), timeout_s=30)
+            wait(lambda: set(ids) <= model_ids(cut_off), timeout_s=30,
+                 explain=lambda: listing(cut_off))
             assert model_ids(late) == model_ids(cut_off)
             epoch = httpx.get(config_service.url + "/v1/configs/epoch").json()["epoch"]
             for gw in (late, cut_off):
