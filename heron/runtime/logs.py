@@ -31,6 +31,8 @@ LOG_FORMAT_ENV = "HERON_LOG_FORMAT"
 LOG_LEVEL_ENV = "HERON_LOG_LEVEL"
 FORMATS = ("json", "text")
 TRACE = 5  # uvicorn's "trace" level, below debug
+# Libraries whose info lines are one per outgoing request: shown at debug and below only.
+QUIET_BELOW_DEBUG = ("httpx",)
 LEVELS = {"critical": logging.CRITICAL, "error": logging.ERROR, "warning": logging.WARNING,
           "info": logging.INFO, "debug": logging.DEBUG, "trace": TRACE}
 
@@ -156,6 +158,12 @@ def configure_logging(level: str = "info", fmt: str = "text",
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    # httpx logs each request it sends at info, whole URL included: a config resync every
+    # 30 s in every gateway and worker, and each image URL fetched with its query string (a
+    # signed URL's credentials). Those lines show at debug only.
+    for chatty in QUIET_BELOW_DEBUG:
+        logging.getLogger(chatty).setLevel(logging.WARNING if numeric > logging.DEBUG
+                                           else logging.NOTSET)
     # Python's warnings would otherwise print raw lines to stderr, between the JSON ones;
     # so would the Hugging Face libraries' progress bars (this variable is read when
     # huggingface_hub is imported, later; adopt_library_logs covers the imported ones).

@@ -4,14 +4,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import http.server
 import io
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,18 +150,17 @@ def test_formats_carry_the_bound_request() -> None:
     assert "request_id" not in json.loads(JsonFormatter().format(_record("idle")))
 
 
-def test_configure_logging_writes_json_to_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def logging_configured(monkeypatch: pytest.MonkeyPatch, level: str,
+                       **fields: str) -> Iterator[io.StringIO]:
+    """configure_logging(level, "json") onto a string, undone afterwards."""
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     try:
-        configure_logging("info", "json", worker_id="w-1")
-        logging.getLogger("heron.worker").debug("hidden at info")
-        try:
-            raise ValueError("boom")
-        except ValueError:
-            logging.getLogger("heron.worker").exception("it failed")
+        configure_logging(level, "json", **fields)
+        yield stream
     finally:
         for handler in list(root.handlers):
             root.removeHandler(handler)
@@ -165,7 +168,46 @@ def test_configure_logging_writes_json_to_stderr(monkeypatch: pytest.MonkeyPatch
             root.addHandler(handler)
         root.setLevel(saved[1])
         logging.captureWarnings(False)
+        logging.getLogger("httpx").setLevel(logging.NOTSET)
+
+
+def test_configure_logging_writes_json_to_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    with logging_configured(monkeypatch, "info", worker_id="w-1") as stream:
+        logging.getLogger("heron.worker").debug("hidden at info")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logging.getLogger("heron.worker").exception("it failed")
     lines = [json.loads(x) for x in stream.getvalue().splitlines()]
     assert len(lines) == 1
     assert lines[0]["level"] == "error" and lines[0]["worker_id"] == "w-1"
     assert "ValueError: boom" in lines[0]["exception"]
+
+
+def test_outgoing_http_calls_are_logged_at_debug_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An httpx call (a config resync, an image URL fetch) writes no line at info: its URL
+    may carry a signed query string. At debug it does."""
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/image.png?X-Amz-Signature=secret"
+    try:
+        lines = {}
+        for level in ("info", "debug"):
+            with logging_configured(monkeypatch, level) as stream:
+                assert httpx.get(url, timeout=5).status_code == 200
+            lines[level] = [json.loads(x) for x in stream.getvalue().splitlines()]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not [x for x in lines["info"] if "secret" in x["message"]], lines["info"]
+    assert [x for x in lines["debug"] if x["logger"] == "httpx" and "secret" in x["message"]]
