@@ -121,6 +121,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # A bad value stops here (exit 2); every process reads them from the environment.
     WorkerSettings.from_args(args).export_env()
+    # And a bad bundle, --models or --inference-cpus: before torch and the model stack are
+    # imported (5-6 s of CPU on 2 cores), a socket bound or a process started.
+    _check_serve_config(args)
     processes = serve_processes(args.workers, args.device)
     if processes == 1:
         return _run_worker(args, None)
@@ -129,7 +132,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     args.threads = args.threads or threads_per_process(processes)
-    _check_serve_config(args)  # exit 2 here, before a socket or a process
     log = logging.getLogger("heron.serve")
     from heron.worker.cpus import placement_requested
 
@@ -157,22 +159,25 @@ _SERVE_ARGS_ENV = "HERON_SERVE_ARGS"
 
 
 def _check_serve_config(args: argparse.Namespace) -> None:
-    """What each process of ``serve --workers N`` would refuse at start-up, refused once in
-    the parent (ConfigError: exit 2 with one line): the bundle and ``--models``,
-    ``--inference-cpus``, ``HERON_TRACING``."""
+    """What a ``serve`` process would refuse at start-up, refused first and once (in the
+    parent of ``--workers N``), before the model stack is imported (ConfigError: exit 2
+    with one line): the bundle and ``--models``, ``--inference-cpus``, ``HERON_TRACING``."""
     from heron.runtime.telemetry import tracing_mode
-    from heron.worker.cpus import format_cpu_list, plan_placement
+    from heron.worker.cpus import AUTO, format_cpu_list, parse_cpu_list, placement_requested
 
     _select_models(load_bundle(args.bundle), args.models)
     tracing_mode()
+    setting = args.inference_cpus.strip().lower()
+    if not placement_requested(setting) or setting == AUTO:
+        return  # auto picks from the usable CPUs: nothing to refuse
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     try:
-        placement = plan_placement(args.inference_cpus, args.threads, allowed)
+        inference = parse_cpu_list(setting)
     except ValueError as exc:
         raise ConfigError("--inference-cpus", args.inference_cpus, str(exc)) from None
-    if placement is not None and allowed and not placement.inference <= allowed:
+    if allowed and not inference <= allowed:
         raise ConfigError("--inference-cpus", args.inference_cpus,
-                          f"CPUs {format_cpu_list(placement.inference)} are not usable by "
+                          f"CPUs {format_cpu_list(inference)} are not usable by "
                           "this process (outside its CPU affinity)")
 
 

@@ -20,28 +20,13 @@ from pathlib import Path
 import httpx
 
 from tests.support.cluster_procs import ConfigProcess, GatewayProcess
+from tests.support.model_stack import without_model_stack
 from tests.support.nats_server import NatsServer
-
-MODEL_STACK = ("torch", "transformers", "tokenizers", "safetensors", "sentencepiece",
-               "huggingface_hub")
-BLOCKER = f'''"""Test helper: the model stack is not installed, as in the control image."""
-import sys
-
-for name in {MODEL_STACK!r}:
-    sys.modules[name] = None
-'''
-
-
-def _without_model_stack(tmp_path: Path) -> dict[str, str]:
-    site = tmp_path / "no-torch"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(BLOCKER)
-    return {"PYTHONPATH": str(site)}
 
 
 def test_gateway_and_config_service_serve_without_torch(nats_server: NatsServer,
                                                         tmp_path: Path) -> None:
-    env = _without_model_stack(tmp_path)
+    env = without_model_stack(tmp_path)
     service = ConfigProcess(nats_server.url, str(tmp_path / "store"), tmp_path, extra_env=env)
     gateway = None
     try:
@@ -69,7 +54,7 @@ def test_gateway_and_config_service_serve_without_torch(nats_server: NatsServer,
 
 def test_the_blocker_really_blocks(tmp_path: Path) -> None:
     """The premise of the test above: with the helper on PYTHONPATH torch does not import."""
-    env = {**os.environ, **_without_model_stack(tmp_path)}
+    env = {**os.environ, **without_model_stack(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True,
                           text=True, env=env, timeout=60, cwd=tmp_path)
     assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
@@ -77,7 +62,7 @@ def test_the_blocker_really_blocks(tmp_path: Path) -> None:
 
 def test_model_commands_name_the_worker_extra_without_torch(tmp_path: Path) -> None:
     """`heron worker` in the control image: a clear exit 2 saying what to install."""
-    env = {**os.environ, **_without_model_stack(tmp_path)}
+    env = {**os.environ, **without_model_stack(tmp_path)}
     proc = subprocess.run([sys.executable, "-m", "heron.cli", "worker", "--port", "1"],
                           capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr

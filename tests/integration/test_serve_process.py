@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from heron_sdk import Client, ServerError
+from tests.support.model_stack import without_model_stack
 from tests.support.servers import REPO, start_serve
 
 
@@ -30,8 +32,10 @@ def test_bad_config_fails_at_start_with_file_field_and_reason(tmp_path: Path) ->
     bundle = write_bundle(tmp_path, {"bad.yaml": {
         "id": "x/bad", "adapter": "dense", "source": {"path": "/nowhere"},
         "profiles": {"default": {"max_batch_tokens": -5}}}})
+    # Refused before the model stack is imported: it runs here without one.
     proc = subprocess.run([sys.executable, "-m", "heron.cli", "serve", "--bundle", str(bundle)],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+                          capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env={**os.environ, **without_model_stack(tmp_path)})
     assert proc.returncode == 2
     assert "bad.yaml: profiles.default.max_batch_tokens: must be a positive integer" in \
         proc.stderr
