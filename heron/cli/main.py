@@ -123,7 +123,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     WorkerSettings.from_args(args).export_env()
     # And a bad bundle, --models or --inference-cpus: before torch and the model stack are
     # imported (5-6 s of CPU on 2 cores), a socket bound or a process started.
-    _check_serve_config(args)
+    _check_start_config(args)
     processes = serve_processes(args.workers, args.device)
     if processes == 1:
         return _run_worker(args, None)
@@ -158,14 +158,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 _SERVE_ARGS_ENV = "HERON_SERVE_ARGS"
 
 
-def _check_serve_config(args: argparse.Namespace) -> None:
-    """What a ``serve`` process would refuse at start-up, refused first and once (in the
-    parent of ``--workers N``), before the model stack is imported (ConfigError: exit 2
-    with one line): the bundle and ``--models``, ``--inference-cpus``, ``HERON_TRACING``."""
+def _check_start_config(args: argparse.Namespace, *, bundle: bool = True) -> None:
+    """What a ``serve`` or ``worker`` process would refuse at start-up, refused first and
+    once (in the parent of ``serve --workers N``), before the model stack is imported
+    (ConfigError: exit 2 with one line): the bundle and ``--models`` (``bundle``: not for a
+    worker whose bundle comes from the config service), ``--inference-cpus``,
+    ``HERON_TRACING``."""
     from heron.runtime.telemetry import tracing_mode
     from heron.worker.cpus import AUTO, format_cpu_list, parse_cpu_list, placement_requested
 
-    _select_models(load_bundle(args.bundle), args.models)
+    if bundle:
+        _select_models(load_bundle(args.bundle), args.models)
     tracing_mode()
     setting = args.inference_cpus.strip().lower()
     if not placement_requested(setting) or setting == AUTO:
@@ -239,6 +242,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # Checked before anything loads; the parts of the worker read them from the environment.
     settings = WorkerSettings.from_args(args)
     settings.export_env()
+    _check_start_config(args, bundle=args.config is None)
     _log_settings("heron.worker", settings)
     from heron.worker.app import QueueMode
 

@@ -52,15 +52,18 @@ def test_auto_puts_the_inference_thread_alone_on_the_first_cpu(tmp_path: Path) -
     ("0-x", "--inference-cpus: 0-x: expected off, auto, or a CPU list such as 0-3,6"),
     ("100000", "--inference-cpus: 100000: CPUs 100000 are not usable by this process"),
 ])
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_a_bad_value_fails_start_up_with_a_config_error(value: str, message: str, workers: str,
+@pytest.mark.parametrize("command", [
+    ["serve", "--workers", "1"], ["serve", "--workers", "2"],
+    ["worker", "--nats", "nats://127.0.0.1:1"]])  # refused before it tries NATS
+def test_a_bad_value_fails_start_up_with_a_config_error(value: str, message: str,
+                                                        command: list[str],
                                                         tmp_path: Path) -> None:
     """Refused before torch and the model stack are imported (5-6 s of CPU here): the
     command runs with them unimportable and still names the bad value, not the missing
     torch."""
     proc = subprocess.run(
-        [sys.executable, "-m", "heron.cli", "serve", "--bundle", "null", "--workers", workers,
-         "--port", "0", "--inference-cpus", value],
+        [sys.executable, "-m", "heron.cli", *command, "--bundle", "null", "--port", "0",
+         "--inference-cpus", value],
         capture_output=True, text=True, timeout=120, cwd=REPO,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **without_model_stack(tmp_path)})
     assert proc.returncode == 2, proc.stderr

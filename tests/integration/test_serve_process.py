@@ -28,12 +28,15 @@ def write_bundle(root: Path, models: dict[str, dict], **extra: object) -> Path:
     return root / "t.yaml"
 
 
-def test_bad_config_fails_at_start_with_file_field_and_reason(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [["serve"], ["worker", "--nats", "nats://127.0.0.1:1"]])
+def test_bad_config_fails_at_start_with_file_field_and_reason(tmp_path: Path,
+                                                              command: list[str]) -> None:
     bundle = write_bundle(tmp_path, {"bad.yaml": {
         "id": "x/bad", "adapter": "dense", "source": {"path": "/nowhere"},
         "profiles": {"default": {"max_batch_tokens": -5}}}})
-    # Refused before the model stack is imported: it runs here without one.
-    proc = subprocess.run([sys.executable, "-m", "heron.cli", "serve", "--bundle", str(bundle)],
+    # Refused before the model stack is imported (and, for a worker, before NATS is
+    # tried): it runs here without one.
+    proc = subprocess.run([sys.executable, "-m", "heron.cli", *command, "--bundle", str(bundle)],
                           capture_output=True, text=True, timeout=60, cwd=REPO,
                           env={**os.environ, **without_model_stack(tmp_path)})
     assert proc.returncode == 2
