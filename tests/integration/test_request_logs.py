@@ -22,7 +22,13 @@ from typing import Any
 import httpx
 import pytest
 
-from heron.runtime.logs import JsonFormatter, TextFormatter, bind_request, configure_logging
+from heron.runtime.logs import (
+    QUIET_BELOW_DEBUG,
+    JsonFormatter,
+    TextFormatter,
+    bind_request,
+    configure_logging,
+)
 from tests.support.cluster_procs import ChildProcess, GatewayProcess
 from tests.support.gateway_harness import unique
 from tests.support.nats_server import NatsServer
@@ -158,6 +164,7 @@ def logging_configured(monkeypatch: pytest.MonkeyPatch, level: str,
     monkeypatch.setattr(sys, "stderr", stream)
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
+    quieted = {name: logging.getLogger(name).level for name in QUIET_BELOW_DEBUG}
     try:
         configure_logging(level, "json", **fields)
         yield stream
@@ -168,7 +175,8 @@ def logging_configured(monkeypatch: pytest.MonkeyPatch, level: str,
             root.addHandler(handler)
         root.setLevel(saved[1])
         logging.captureWarnings(False)
-        logging.getLogger("httpx").setLevel(logging.NOTSET)
+        for name, previous in quieted.items():
+            logging.getLogger(name).setLevel(previous)
 
 
 def test_configure_logging_writes_json_to_stderr(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,6 +62,7 @@ def model_body(model_id: str = "org/new-dense", **extra: Any) -> dict[str, Any]:
 # read (config_service/blobs.py), and the NATS link's bounded close.
 STOP_TIMEOUT_S = 45
 
+
 class InProcessConfig:
     """create_app served by uvicorn in a thread on a free loopback port.
 
