@@ -171,12 +171,16 @@ class LocalCluster:
     async def _start(self) -> None:
         await self.start_nats()
         await self.connect_nats()
-        await self.start_config()
-        await self.start_gateway()
         assert self._nc is not None
         self._autoscaling = True
-        # demand, heartbeats, the pools bucket; then the first workers
+        # Demand, heartbeats, the pools bucket, and the first workers, before the config
+        # service and the gateway: a worker's start (importing the model stack, loading its
+        # models: 6-8 s of a core) overlaps theirs (1.5-2 s each) instead of following it;
+        # a worker waits for the config service itself. A child of theirs that fails to
+        # start stops the workers too.
         await self.autoscaler.start(self._nc, self.o.workers, self.replicas)
+        await self.start_config()
+        await self.start_gateway()
 
     # ---- workers (heron.cli.autoscaler.Workers) -----------------------------------------
     def alive(self, pool: str) -> list[str]:

@@ -121,7 +121,9 @@ def test_models_flag_serves_a_subset_and_stops_cleanly(tmp_path: Path,
 
 
 def test_null_bundle_returns_fixed_vectors_with_real_token_counts(tmp_path: Path) -> None:
-    server = start_serve("null", tmp_path)
+    # Python writes each import of the process to its log (stderr): the null model needs a
+    # tokenizer and no model stack (transformers' modeling modules, 2-3 s of CPU a start).
+    server = start_serve("null", tmp_path, env={"PYTHONPROFILEIMPORTTIME": "1"})
     try:
         with httpx.Client(base_url=server.url, timeout=30) as http:
             body = http.post("/v1/encode/null-model",
@@ -130,6 +132,9 @@ def test_null_bundle_returns_fixed_vectors_with_real_token_counts(tmp_path: Path
             assert a == b and len(a) == 384
             assert abs(sum(x * x for x in a) - 1.0) < 1e-5
             assert [i["tokens"] for i in body["items"]] == [3, 5]
+        imported = server.log()
+        assert " transformers.tokenization_utils_base\n" in imported
+        assert "transformers.core_model_loading" not in imported
     finally:
         server.stop()
 

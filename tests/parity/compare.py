@@ -39,20 +39,37 @@ def assert_dense(got: list[np.ndarray], want: np.ndarray, *, norm: bool = True) 
 
 
 def assert_sparse(got: list[dict[str, Any]], want: list[dict[int, float]]) -> None:
-    """``got``: wire sparse vectors ({"indices", "values"}); ``want``: term -> weight."""
+    """``got``: wire sparse vectors ({"indices", "values"}); ``want``: term -> weight.
+    Compared as sorted arrays: random-weight SPLADE heads give about 25k terms a text, and
+    a Python loop over them took 0.9 s for 50 texts (this: under 0.1 s)."""
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        got_terms = dict(zip((int(x) for x in g["indices"]), (float(v) for v in g["values"]),
-                             strict=True))
+        got_terms = np.asarray(g["indices"], dtype=np.int64)
+        got_values = np.asarray(g["values"], dtype=np.float64)
+        assert got_terms.shape == got_values.shape, f"text {i}: {got_terms.shape} indices, " \
+            f"{got_values.shape} values"
+        order = np.argsort(got_terms)
+        got_terms, got_values = got_terms[order], got_values[order]
+        assert not (got_terms[1:] == got_terms[:-1]).any(), f"text {i}: a term given twice"
+        want_terms = np.fromiter(w.keys(), dtype=np.int64, count=len(w))
+        want_values = np.fromiter(w.values(), dtype=np.float64, count=len(w))
+        order = np.argsort(want_terms)
+        want_terms, want_values = want_terms[order], want_values[order]
         # Terms whose weight rounds to zero in fp32 are noise on either side.
-        got_set = {t for t, v in got_terms.items() if abs(v) > 1e-6}
-        want_set = {t for t, v in w.items() if abs(v) > 1e-6}
-        assert got_set == want_set, (
-            f"text {i}: terms only Heron has {sorted(got_set - want_set)[:5]}, only the "
-            f"reference {sorted(want_set - got_set)[:5]}")
-        for term in want_set:
-            assert abs(got_terms[term] - w[term]) <= 1e-4 * max(abs(w[term]), 1e-3), (
-                f"text {i} term {term}: {got_terms[term]} vs {w[term]}")
+        kept = np.abs(want_values) > 1e-6
+        want_terms, want_values = want_terms[kept], want_values[kept]
+        got_set = got_terms[np.abs(got_values) > 1e-6]
+        if not np.array_equal(got_set, want_terms):
+            raise AssertionError(
+                f"text {i}: terms only Heron has "
+                f"{np.setdiff1d(got_set, want_terms)[:5].tolist()}, only the reference "
+                f"{np.setdiff1d(want_terms, got_set)[:5].tolist()}")
+        weights = got_values[np.searchsorted(got_terms, want_terms)]
+        off = np.abs(weights - want_values) > 1e-4 * np.maximum(np.abs(want_values), 1e-3)
+        if off.any():
+            k = int(np.argmax(off))
+            raise AssertionError(f"text {i} term {int(want_terms[k])}: {weights[k]} vs "
+                                 f"{want_values[k]}")
 
 
 def assert_multi_vector(got: list[np.ndarray], want: list[np.ndarray]) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
 
 ATTENTION_NAME = "heron_packed"
 
@@ -116,9 +115,6 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return out.view(1, total, heads, dim), None
 
 
-AttentionInterface.register(ATTENTION_NAME, packed_attention)
-
-
 def refusal(model: torch.nn.Module, device: torch.device, setting: str) -> str | None:
     """Why this model's batches cannot be packed; None when they can. HERON_PACKING=off
     turns packing off for every model (the parity suite runs both ways)."""
@@ -134,6 +130,11 @@ def refusal(model: torch.nn.Module, device: torch.device, setting: str) -> str |
 
 
 def enable(model: torch.nn.Module) -> None:
+    # Registered here, not at import: importing AttentionInterface imports transformers'
+    # modeling stack (1.3-2 s of CPU), which a worker serving only the null model never needs.
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, packed_attention)
     model.config._attn_implementation = ATTENTION_NAME
 
 
