@@ -159,7 +159,11 @@ class Autoscaler:
             beat = WorkerHeartbeat.from_wire(_decode(msg))
         except ProtocolError:  # the gateway logs malformed beats; one line per beat is enough
             return
-        if beat.in_flight or beat.queue_depth:
+        if not beat.ready or beat.in_flight or beat.queue_depth:
+            # A worker still starting has no work because it cannot take any yet: counted
+            # idle, a worker whose start outlasted the cooldown was stopped before it could
+            # serve the request that woke its pool, and the next 202 started another
+            # (heron up --idle-cooldown 3 on 2 busy cores: 100-140 s to a first answer).
             self._idle_since.pop(beat.worker_id, None)
         else:
             self._idle_since.setdefault(beat.worker_id, self.clock())

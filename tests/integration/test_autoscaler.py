@@ -95,8 +95,9 @@ async def demand(nc: NatsClient, pool: str) -> None:
                      wire.encode(DemandNotice(pool, "x").to_wire(), wire.MSGPACK))
 
 
-async def idle_beat(nc: NatsClient, pool: str, worker_id: str) -> None:
-    beat = {"worker_id": worker_id, "pool": pool, "in_flight": 0, "queue_depth": 0}
+async def idle_beat(nc: NatsClient, pool: str, worker_id: str, *, ready: bool = True) -> None:
+    beat = {"worker_id": worker_id, "pool": pool, "in_flight": 0, "queue_depth": 0,
+            "ready": ready}
     await nc.publish(status_subject(pool, worker_id), wire.encode(beat, wire.MSGPACK))
 
 
@@ -152,4 +153,19 @@ async def test_the_static_pool_scales_from_zero_as_before(tmp_path: Path) -> Non
         [worker] = table.alive("static")
         assert table.bundle_of[worker] == "default"
         await idle_beat(nc, "static", worker)
+        await until(lambda: table.stopped == [worker], timeout_s=3)
+
+
+async def test_a_worker_still_starting_is_not_idle(tmp_path: Path) -> None:
+    """Woken from zero, a worker loads its models for longer than the cooldown (0.5 s): it
+    beats without work all along, and is stopped only once it was ready and idle."""
+    async with scaler(tmp_path) as (_, table, nc):
+        await demand(nc, "static")
+        await until(lambda: len(table.alive("static")) == 1)
+        [worker] = table.alive("static")
+        for _ in range(10):  # 1.5 s of beats while loading
+            await idle_beat(nc, "static", worker, ready=False)
+            await asyncio.sleep(0.15)
+        assert table.stopped == [] and table.alive("static") == [worker]
+        await idle_beat(nc, "static", worker)  # ready now, and no work comes
         await until(lambda: table.stopped == [worker], timeout_s=3)
