@@ -338,7 +338,8 @@ def test_the_model_config_parser_accepts_what_the_schema_allows_and_refuses_the_
     valid = _validator(CONFIG_DOC, "ModelConfigBody")
     strategy = _CONFIG_SCHEMA["/v1/configs/models"]["POST"].as_strategy(generation_mode=mode)
 
-    @settings(max_examples=150, suppress_health_check=list(HealthCheck), deadline=None)
+    # 75 a mode: a negative config body takes about 25 ms to draw and check on 2 cores.
+    @settings(max_examples=75, suppress_health_check=list(HealthCheck), deadline=None)
     @given(st.data())
     def check(data: st.DataObject) -> None:
         try:
