@@ -318,7 +318,9 @@ def test_a_worker_that_cannot_consume_is_not_ready_and_says_why(tmp_path: Path) 
                 time.sleep(0.2)
                 continue
             body = answer.json()
-            if body.get("status") == "disconnected":
+            # Models warm, then the consumer's creation fails a JetStream round trip later:
+            # in between the status is "disconnected" with no reason yet (CI saw it once).
+            if body.get("status") == "disconnected" and "error" in body:
                 break
             assert answer.status_code == 503, body  # never ready while it cannot consume
             time.sleep(0.2)
