@@ -175,9 +175,9 @@ class LocalCluster:
         self._autoscaling = True
         # Demand, heartbeats, the pools bucket, and the first workers, before the config
         # service and the gateway: a worker's start (importing the model stack, loading its
-        # models: 6-8 s of a core) overlaps theirs (1.5-2 s each) instead of following it;
-        # a worker waits for the config service itself. A child of theirs that fails to
-        # start stops the workers too.
+        # models: 5-6 s of a core) overlaps theirs (1.5-2 s each) instead of following it;
+        # a worker waits for the config service itself. If the config service or the
+        # gateway fails to start, shutdown stops the workers too.
         await self.autoscaler.start(self._nc, self.o.workers, self.replicas)
         await self.start_config()
         await self.start_gateway()

@@ -41,7 +41,7 @@ def assert_dense(got: list[np.ndarray], want: np.ndarray, *, norm: bool = True) 
 def assert_sparse(got: list[dict[str, Any]], want: list[dict[int, float]]) -> None:
     """``got``: wire sparse vectors ({"indices", "values"}); ``want``: term -> weight.
     Compared as sorted arrays: random-weight SPLADE heads give about 25k terms a text, and
-    a Python loop over them took 0.9 s for 50 texts (this: under 0.1 s)."""
+    a Python loop over them took 0.86 s for 50 texts (this: 0.16 s)."""
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         got_terms = np.asarray(g["indices"], dtype=np.int64)
