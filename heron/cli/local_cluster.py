@@ -46,6 +46,7 @@ from heron.cli.children import (
     spawn,
     terminate,
 )
+from heron.cli.main import usable_cpus
 from heron.cli.supervisor import EXITED, RESTARTED, SupervisorEvent, death_cause
 from heron.cli.up import CLUSTER_NAME, NatsNode, UpOptions, free_port
 from heron.runtime.nats_names import SUPERVISOR_EVENTS, ensure_pools_bucket
@@ -56,6 +57,12 @@ RECENT_EVENTS = 20  # published again after a restart (the cluster page keeps as
 REPLAY_WAIT_S = 120.0  # for the gateway to be ready again before the recent events go out
 REPLAY_DELAY_S = 2.0
 NATS_CLOSE_TIMEOUT_S = 5.0
+# nats-server's Go threads: one per this many usable CPUs (at least one), unless the
+# operator sets GOMAXPROCS. Here nats-server shares the cores with the model; with Go's
+# default (a thread per core) its idle threads spin looking for work at every wake-up.
+# On 2 cores, null model, 32 clients: nats-server's CPU a request 84 -> 62 us and +4.6%
+# requests/s through `heron up` (6 interleaved rounds, 5 of them faster).
+CPUS_PER_NATS_THREAD = 4
 
 
 class UpFailed(Exception):
@@ -108,7 +115,14 @@ class LocalCluster:
                              if n is not node)
             argv += ["-n", f"heron-{node.name}", "--cluster_name", CLUSTER_NAME,
                      "--cluster", f"nats://127.0.0.1:{node.route_port}", "--routes", peers]
-        return ChildSpec(node.name, argv, node.port)
+        return ChildSpec(node.name, argv, node.port, env=self.nats_env())
+
+    def nats_env(self) -> dict[str, str]:
+        """The nats-servers' environment: GOMAXPROCS set (CPUS_PER_NATS_THREAD) unless the
+        operator set it."""
+        env = dict(self.env)
+        env.setdefault("GOMAXPROCS", str(max(1, usable_cpus() // CPUS_PER_NATS_THREAD)))
+        return env
 
     async def start_nats(self) -> None:
         for node in self.nodes:  # (nats-server makes its store directory)

@@ -15,6 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
+from heron.cli.main import usable_cpus
 from heron_sdk import Client
 from tests.support.servers import REPO, free_port
 
@@ -125,6 +126,10 @@ def test_up_serves_and_stops_without_orphans(tmp_path: Path) -> None:
                     and up.healthy_workers() == 1)
         names = " ".join(up.child_commands())
         assert "nats-server" in names and " gateway " in names and " worker " in names
+        # nats-server shares the cores with the model: a Go thread per 4 usable CPUs.
+        (nats_server,) = up.children_with("nats-server")
+        assert nats_server.environ()["GOMAXPROCS"] == os.environ.get(
+            "GOMAXPROCS", str(max(1, usable_cpus() // 4)))
         r = httpx.post(up.url + "/v1/encode/minilm", json={"items": ["a", "b"]}, timeout=30)
         assert r.status_code == 200 and len(r.json()["items"]) == 2
         text = up.log.read_text()
