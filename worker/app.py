@@ -200,7 +200,9 @@ class LocalBackend:
         else:
             status = "loading"
         details = {}
-        if self.cluster is not None and not self.ready and self.cluster.last_error:
+        if self.cluster is not None and status == "disconnected":
+            details["error"] = self.cluster.not_consuming_because()
+        elif self.cluster is not None and not self.ready and self.cluster.last_error:
             details["error"] = self.cluster.last_error
         return Readiness(status, states, connected, details)
 

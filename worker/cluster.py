@@ -73,6 +73,16 @@ class WorkerCluster:
         """Why the worker is not connected or set up, if it is not (for /readyz)."""
         return self.link.last_error
 
+    def not_consuming_because(self) -> str:
+        """Why the worker does not consume its pool's work (for /readyz): the set-up's last
+        error, else what it is doing (for a JetStream round trip or so after the models
+        warm, before the first attempt has an outcome)."""
+        if self.link.last_error:
+            return self.link.last_error
+        if not self.link.connected:
+            return f"connecting to NATS at {self.link.url}"
+        return f"setting up the consumers of pool {self.queue.pool!r} on JetStream"
+
     async def start(self, models_loaded: asyncio.Task[None]) -> None:
         self._models_loaded = models_loaded
         self.link.start()

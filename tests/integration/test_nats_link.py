@@ -319,9 +319,11 @@ def test_a_worker_that_cannot_consume_is_not_ready_and_says_why(tmp_path: Path) 
                 continue
             body = answer.json()
             # Models warm, then the consumer's creation fails a JetStream round trip later:
-            # in between the status is "disconnected" with no reason yet (CI saw it once).
-            if body.get("status") == "disconnected" and "error" in body:
+            # in between the status is "disconnected" and the reason says it is setting up.
+            if body.get("status") == "disconnected" and "retention" in body.get("error", ""):
                 break
+            if body.get("status") == "disconnected":
+                assert "setting up the consumers" in body["error"], body
             assert answer.status_code == 503, body  # never ready while it cannot consume
             time.sleep(0.2)
         assert body.get("status") == "disconnected", body
