@@ -23,6 +23,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.config import SchemathesisConfig
+from schemathesis.core.errors import UnsupportedSchema
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     negative_data_rejection,
@@ -52,6 +53,7 @@ MODELS = ["tiny-dense-cls", "tiny-sparse", "tiny-multi-vector", "tiny-cross-enco
 # answer 2xx (its served models take different options). The deep fuzzing is bench/fuzz.py
 # (10,000 bodies).
 MAX_EXAMPLES = 100
+NEGATIVE_ATTEMPTS = 3  # runs of an operation's invalid cases that may meet UnsupportedSchema
 CHECKS = [status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance]
 # A schema-violating body must get a 4xx the document lists (413: over a limit).
@@ -190,10 +192,21 @@ def fuzz_mode(url: str, operation: Any, mode: schemathesis.GenerationMode,
             failures.append(f"{mode.value} {response.status_code} {problem} "
                             f"body={repr(case.body)[:300]} answer={response.content[:300]!r}")
 
-    try:
-        one_case()
-    except Unsatisfiable:  # e.g. a {name} path parameter: nothing invalid can be sent
-        assert mode is schemathesis.GenerationMode.NEGATIVE
+    for attempt in range(1, NEGATIVE_ATTEMPTS + 1):
+        try:
+            one_case()
+            return
+        except Unsatisfiable:  # e.g. a {name} path parameter: nothing invalid can be sent
+            assert mode is schemathesis.GenerationMode.NEGATIVE
+            return
+        except UnsupportedSchema:
+            # schemathesis cannot draw some invalid bodies of a closed object (an undeclared
+            # key whose complement it cannot spell: "a `not` ... below the document root"),
+            # and the draw ends the run: about 1 local run in 10 of the config service's
+            # model POST met one. Fresh draws (a random run's) go on; a derandomized run
+            # would meet it again, and fails.
+            if mode is schemathesis.GenerationMode.POSITIVE or attempt == NEGATIVE_ATTEMPTS:
+                raise
 
 
 def operations_of(operations: tuple[ApiOperation, ...]) -> list[tuple[str, str]]:
