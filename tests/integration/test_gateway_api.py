@@ -286,6 +286,7 @@ def test_no_healthy_worker_is_202_with_demand(cluster: Cluster) -> None:
     async def go() -> tuple[httpx.Response, dict, float]:
         nc = await nats.connect(cluster.nats_url)
         sub = await nc.subscribe(demand_subject(pool))
+        await nc.flush()  # the server has the subscription before the gateway publishes
         try:
             async with httpx.AsyncClient(base_url=cluster.url, timeout=10) as client:
                 started = time.monotonic()

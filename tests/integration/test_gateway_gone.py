@@ -82,6 +82,7 @@ async def _kill_with_work_queued(nats_url: str, pool: str, worker: WorkerProcess
         published += int((msg.headers or {}).get(Header.COUNT, "1"))
 
     spy = await nc.subscribe(work_subjects(pool), cb=count)
+    await nc.flush()  # the server has the subscription before the gateway publishes
     computed_before = metric(worker, "heron_worker_items_total")
     redelivered_before = metric(worker, "heron_worker_redeliveries_total")
     client = httpx.AsyncClient(base_url=gateway.url, timeout=120)

@@ -262,6 +262,7 @@ def test_a_leased_pool_without_workers_is_202_and_publishes_demand(gws: Gateways
     async def go() -> tuple[httpx.Response, dict]:
         nc = await nats.connect(gws.nats_url)
         sub = await nc.subscribe(demand_subject(name))
+        await nc.flush()  # the server has the subscription before the gateway publishes
         try:
             async with httpx.AsyncClient(timeout=10) as client:
                 r = await client.post(gws.b.url + "/v1/encode/pa-dense",
