@@ -21,7 +21,13 @@ from heron.cli.catalog import add_catalog_flags
 from heron.cli.client import add_client_commands
 from heron.cli.jobs import add_jobs_command
 from heron.cli.up import add_up_parser
+from heron.runtime import transformers_scan
 from heron.runtime.modelconfig import Bundle, ConfigError, load_bundle, load_model_config
+
+# Before anything imports transformers: its model-folder scan is read from disk (about 1 s
+# of a worker's start; heron/runtime/transformers_scan.py). Every server process imports
+# this module first, `serve --workers N`'s children too.
+transformers_scan.install()
 
 if TYPE_CHECKING:
     from heron.runtime.settings import Settings
