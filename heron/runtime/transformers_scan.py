@@ -10,8 +10,8 @@ depends only on the installed files, so the first process stores it and later on
 How: an import hook wraps ``transformers.utils.import_utils.create_import_structure_from_path``
 as that module loads, before ``transformers/__init__.py`` calls it. The stored map is keyed
 by transformers' version, the folder, and the names and modification times of the folder's
-entries (a reinstall or an added model changes them). It is JSON (no pickle from a shared
-cache folder). Anything unexpected (another transformers whose internals differ, an
+entries (a reinstall or an added model changes them). It is JSON: nothing read from the
+cache folder runs as code. Anything unexpected (another transformers whose internals differ, an
 unreadable or unwritable cache) falls back to transformers' own scan: the cache can make a
 start slower by a stat of each entry (a few ms), never wrong.
 ``HERON_TRANSFORMERS_SCAN_CACHE=off`` turns it off; it lives in ``cache_dir()``.

@@ -131,8 +131,8 @@ def test_csv_to_npy_and_parquet_to_jsonl(rig: Rig) -> None:
             ids.append(answer.json()["id"])
         for job_id in ids:
             deadline = time.monotonic() + 60
-            while http.get(f"/v1/jobs/{job_id}").json()["state"] != "succeeded":
-                assert time.monotonic() < deadline
+            while (info := http.get(f"/v1/jobs/{job_id}").json())["state"] != "succeeded":
+                assert time.monotonic() < deadline, f"job {job_id} not done in 60 s: {info}"
                 time.sleep(0.2)
     array = np.load(rig.root / "out.npy")
     np.testing.assert_array_equal(array, np.stack([fake_vector(t) for t in texts]))
