@@ -32,6 +32,7 @@ import yaml
 from hypothesis import settings
 
 from heron.gateway.settings import GatewaySettings
+from tests.parity import reference_build
 from tests.support.cluster_procs import ConfigProcess
 from tests.support.gateway_harness import GatewayThread, start_worker, unique
 from tests.support.nats_server import NatsServer
@@ -65,6 +66,17 @@ TINY_CONFIGS = {
 TINY_LORAS = {"tiny-lora": {"legal": "tiny-lora-legal"}}
 # model name -> the ``tiny_models`` checkpoint it serves, where the two differ
 TINY_SOURCES = {"tiny-lora": "tiny-dense-cls"}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A parity test will run: its reference scripts start now, in the background (niced),
+    not when the first parity test needs them (tests/parity/reference_build.py)."""
+    if any(reference_build.PARITY_DIR in Path(item.path).parents for item in session.items):
+        reference_build.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reference_build.stop()
 
 
 def build_tiny_lora(base: Path, path: Path, seed: int = 1) -> Path:

@@ -8,7 +8,8 @@ optional ``<out>/<case>/heron.json`` adds fields to the case's model config, suc
 ``# reference venv: main`` (this one: sentence-transformers) or ``# reference venv: parity``
 (``.venv-parity``, built by the Makefile: PyLate and FlagEmbedding pin versions of
 sentence-transformers and transformers that ours are newer than) or ``# reference venv:
-gliner`` (``.venv-gliner``: gliner pins an older transformers).
+gliner`` (``.venv-gliner``: gliner pins an older transformers). The scripts run in the
+background from the end of collection (reference_build.py).
 
 Heron serves every checkpoint from a config that names only its id (``parity/<case>``) and
 path, three ways: ``heron serve`` (packing where the family allows it), ``heron serve`` with
@@ -25,7 +26,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +34,11 @@ import pytest
 import yaml
 
 from heron_sdk import Client
+from tests.parity import reference_build
 from tests.support.gateway_harness import GatewayThread, unique
 from tests.support.nats_server import NatsServer
 from tests.support.servers import REPO, ServerProcess, free_port, start_serve, wait_until
 
-REFERENCES = Path(__file__).parent / "references"
 SERVER_ARGS = ["--precision", "fp32", "--workers", "1"]
 
 
@@ -62,43 +62,13 @@ def case_named(cases: dict[str, ParityCase], name: str) -> ParityCase:
     return cases[name]
 
 
-def reference_python(script: Path) -> str:
-    venv = "main"
-    for line in script.read_text().splitlines()[:3]:
-        if line.startswith("# reference venv:"):
-            venv = line.split(":", 1)[1].strip()
-    if venv == "main":
-        return sys.executable
-    # parity: .venv-parity; gliner: .venv-gliner (each its Makefile target, `make test` too)
-    python = REPO / f".venv-{venv}" / "bin" / "python"
-    if not python.exists():
-        pytest.fail(f"{script.name} runs in {python.parent.parent}, which is missing: `make "
-                    f"{venv}-venv` builds it (`make test` does)")
-    return str(python)
-
-
-def _build(script: Path, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run([reference_python(script), str(script), str(out)], cwd=REPO,
-                            capture_output=True, text=True, timeout=600,
-                            env={"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
-                                 "TOKENIZERS_PARALLELISM": "false", "PATH": "/usr/bin:/bin"})
-    if result.returncode != 0:
-        raise RuntimeError(f"{script.name} failed:\n{result.stdout}\n{result.stderr}")
-
-
 @pytest.fixture(scope="session")
-def parity_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ParityCase]:
-    """Every reference script run once (three at a time): case name -> its case."""
-    root = tmp_path_factory.mktemp("parity")
-    scripts = sorted(p for p in REFERENCES.glob("*.py") if not p.name.startswith("_"))
-    only = os.environ.get("HERON_PARITY_ONLY")  # "st_models,pylate_colbert": while iterating
-    if only:
-        scripts = [p for p in scripts if p.stem in only.split(",")]
-    with ThreadPoolExecutor(3) as pool:
-        list(pool.map(lambda p: _build(p, root / p.stem), scripts))
+def parity_cases() -> dict[str, ParityCase]:
+    """Every reference script run once (reference_build: started in the background when
+    collection ended): case name -> its case."""
+    root = reference_build.wait()
     cases: dict[str, ParityCase] = {}
-    for script in scripts:
+    for script in reference_build.selected_scripts():
         for folder in sorted(p for p in (root / script.stem).iterdir() if p.is_dir()):
             assert folder.name not in cases, f"case {folder.name} made by two scripts"
             assert (folder / "model").is_dir() and (folder / "expected.npz").exists(), folder

@@ -26,17 +26,17 @@ import httpx
 import pytest
 import yaml
 
-from tests.parity.conftest import REFERENCES, SERVER_ARGS, _build
+from tests.parity import reference_build
+from tests.parity.conftest import SERVER_ARGS
 from tests.support.servers import ServerProcess, start_serve
 
 MODEL = "parity/gliner"
 
 
 @pytest.fixture(scope="module")
-def expected(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    out = tmp_path_factory.mktemp("gliner-ref")
-    _build(REFERENCES / "gliner_span.py", out)
-    case = out / "gliner_span"
+def expected() -> tuple[Path, list[dict[str, Any]]]:
+    """gliner_span.py's checkpoint and answers (from the parity suite's reference build)."""
+    case = reference_build.wait() / "gliner_span" / "gliner_span"
     return case / "model", json.loads((case / "expected.json").read_text())["cases"]
 
 
