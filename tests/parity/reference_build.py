@@ -7,8 +7,9 @@ they need nothing from the tests that run before it. So the root conftest starts
 as collection shows that a parity test will run (``start``), at the lowest CPU priority
 (``nice 19``): they use the cycles the earlier tests leave idle (a full run keeps the 2 cores
 about three quarters busy) and hardly slow those tests down. The parity fixtures take the
-result with ``wait``, which builds at once when nothing was started (a run of one file under
-another root, say). ``stop`` ends any script still running when the session ends.
+result with ``wait`` (test_gliner.py waits for its one script only), which starts the build
+when nothing did (a run of one file under another root, say). ``stop`` ends any script
+still running when the session ends.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from tests.support.servers import REPO
@@ -59,29 +60,34 @@ def selected_scripts() -> list[Path]:
 
 
 class ReferenceBuild:
-    """Every selected reference script run into ``root / <script stem>``, in a thread."""
+    """Every selected reference script run into ``root / <script stem>``, three at a time."""
 
     def __init__(self, root: Path, scripts: list[Path], *, nice: bool) -> None:
         self.root = root
         self.scripts = scripts
         self.nice = nice
-        self.error: BaseException | None = None
-        self._done = threading.Event()
         self._stopping = False
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen[str]] = set()
-        self._thread = threading.Thread(target=self._run, name="parity-references",
-                                        daemon=True)
+        self._pool = ThreadPoolExecutor(CONCURRENT_SCRIPTS,
+                                        thread_name_prefix="parity-reference")
+        self._futures: dict[str, Future[None]] = {}
 
     def start(self) -> ReferenceBuild:
-        self._thread.start()
+        for script in self.scripts:
+            self._futures[script.stem] = self._pool.submit(self._build, script)
+        self._pool.shutdown(wait=False)
         return self
 
-    def wait(self) -> Path:
-        """The folder holding every script's output; the first failure raised again."""
-        self._done.wait()
-        if self.error is not None:
-            raise self.error
+    def wait(self, stem: str | None = None) -> Path:
+        """The folder holding the scripts' outputs, once every script (or the one named
+        ``stem``) has run; a script's failure raised again."""
+        if stem is not None and stem not in self._futures:
+            raise RuntimeError(f"reference script {stem}.py is not selected "
+                               f"(HERON_PARITY_ONLY={os.environ.get('HERON_PARITY_ONLY')})")
+        for name, future in self._futures.items():
+            if stem is None or name == stem:
+                future.result()
         return self.root
 
     def stop(self) -> None:
@@ -91,18 +97,8 @@ class ReferenceBuild:
             running = list(self._running)
         for proc in running:
             proc.kill()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        self._pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def _run(self) -> None:
-        try:
-            with ThreadPoolExecutor(CONCURRENT_SCRIPTS) as pool:
-                list(pool.map(self._build, self.scripts))
-        except BaseException as exc:  # raised again to the fixture that waits
-            self.error = exc
-        finally:
-            self._done.set()
 
     def _build(self, script: Path) -> None:
         out = self.root / script.stem
@@ -144,13 +140,14 @@ def start() -> None:
         _build = ReferenceBuild(root, selected_scripts(), nice=True).start()
 
 
-def wait() -> Path:
-    """The outputs' folder: the background build's, or one built now."""
+def wait(stem: str | None = None) -> Path:
+    """The outputs' folder once every script (or the one named ``stem``) has run: the
+    background build's, or one started now."""
     global _build
     if _build is None:
         root = Path(tempfile.mkdtemp(prefix="heron-parity-"))
         _build = ReferenceBuild(root, selected_scripts(), nice=False).start()
-    return _build.wait()
+    return _build.wait(stem)
 
 
 def stop() -> None:

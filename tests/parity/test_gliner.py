@@ -36,7 +36,7 @@ MODEL = "parity/gliner"
 @pytest.fixture(scope="module")
 def expected() -> tuple[Path, list[dict[str, Any]]]:
     """gliner_span.py's checkpoint and answers (from the parity suite's reference build)."""
-    case = reference_build.wait() / "gliner_span" / "gliner_span"
+    case = reference_build.wait("gliner_span") / "gliner_span" / "gliner_span"
     return case / "model", json.loads((case / "expected.json").read_text())["cases"]
 
 
