@@ -24,6 +24,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -68,10 +69,39 @@ TINY_LORAS = {"tiny-lora": {"legal": "tiny-lora-legal"}}
 TINY_SOURCES = {"tiny-lora": "tiny-dense-cls"}
 
 
+def _in_xdist_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def _is_parity(item: pytest.Item) -> bool:
+    return reference_build.PARITY_DIR in Path(item.path).parents
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (`make test`: a file's tests in one process, so its module
+    fixtures start once), with the whole parity suite as one file: its servers and
+    reference build are session fixtures, which each process would start. xdist queues the
+    units with the most tests first, so the parity suite (162 tests, about 7 minutes)
+    starts at once instead of being the run's tail."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ParityTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/parity" if path.startswith("tests/parity/") else path
+
+    return ParityTogether(config, log)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A parity test will run: its reference scripts start now, in the background (niced),
-    not when the first parity test needs them (tests/parity/reference_build.py)."""
-    if any(reference_build.PARITY_DIR in Path(item.path).parents for item in session.items):
+    not when the first parity test needs them (tests/parity/reference_build.py). Not in an
+    xdist process: each collects every test, and the one the parity suite lands in starts
+    the build when its first parity test asks (the suite runs first there)."""
+    if not _in_xdist_worker() and any(_is_parity(item) for item in session.items):
         reference_build.start()
 
 

@@ -8,8 +8,10 @@ as collection shows that a parity test will run (``start``), at the lowest CPU p
 (``nice 19``): they use the cycles the earlier tests leave idle (a full run keeps the 2 cores
 about three quarters busy) and hardly slow those tests down. The parity fixtures take the
 result with ``wait`` (test_gliner.py waits for its one script only), which starts the build
-when nothing did (a run of one file under another root, say). ``stop`` ends any script
-still running when the session ends.
+when nothing did (a run of one file under another root, say, or a pytest-xdist process:
+each collects every test, so none starts the build before the parity suite, which runs
+first in one of them, asks for it). ``stop`` ends any script still running when the
+session ends.
 """
 
 from __future__ import annotations
