@@ -327,10 +327,13 @@ def test_page_shows_the_worker_then_shows_it_gone(gateway: GatewayThread,
     assert cells[J_PROGRESS] == "100.0%" and cells[J_ROWS] == f"{JOB_ROWS} / {JOB_ROWS}"
     assert cells[J_FAILED] == "1"
     assert not no_jobs.is_displayed()
-    row = browser.find_element(By.CSS_SELECTOR, f'#jobs tbody tr[data-key="{job_id}"]')
-    bar = row.find_element(By.CSS_SELECTOR, ".progress-bar")
-    track = row.find_element(By.CSS_SELECTOR, ".progress")
-    assert bar.size["width"] == track.size["width"] > 0
+    # Both widths in one step in the page: the live table redraws its rows, and an element
+    # found before a redraw is stale after it (one CI run failed so).
+    widths = browser.execute_script(
+        "const row = document.querySelector(`#jobs tbody tr[data-key='${arguments[0]}']`);"
+        "return row && [row.querySelector('.progress-bar').getBoundingClientRect().width,"
+        " row.querySelector('.progress').getBoundingClientRect().width];", job_id)
+    assert widths and widths[0] == widths[1] > 0, widths
     shot = Path(os.environ.get("HERON_CLUSTER_PAGE_SCREENSHOT") or tmp_path / "page.png")
     shot.parent.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
