@@ -88,10 +88,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    parity = reference_build.PARITY_DIR.relative_to(REPO).as_posix()  # as node ids spell it
+
     class ParityTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "tests/parity" if path.startswith("tests/parity/") else path
+            return parity if path.startswith(parity + "/") else path
 
     return ParityTogether(config, log)
 

@@ -5,8 +5,8 @@ writes its cases' checkpoints and expected outputs (tests/parity/conftest.py). T
 take 84 s of wall time on a 2-core machine, the largest part of the parity suite's setup, and
 they need nothing from the tests that run before it. So the root conftest starts them as soon
 as collection shows that a parity test will run (``start``), at the lowest CPU priority
-(``nice 19``): they use the cycles the earlier tests leave idle (a full run keeps the 2 cores
-about three quarters busy) and hardly slow those tests down. The parity fixtures take the
+(``nice 19``): they use the cycles the earlier tests leave idle (a full run in one process
+keeps the 2 cores about 59% busy) and hardly slow those tests down. The parity fixtures take the
 result with ``wait`` (test_gliner.py waits for its one script only), which starts the build
 when nothing did (a run of one file under another root, say, or a pytest-xdist process:
 each collects every test, so none starts the build before the parity suite, which runs
