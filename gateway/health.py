@@ -173,7 +173,11 @@ class WorkerHealth:
         return [w for w in self.workers(pool) if self.is_healthy(w)]
 
     def has_capacity(self, pool: str) -> bool:
-        return any(self.is_healthy(w) for w in self._workers.values() if w.pool == pool)
+        # A loop, not any() over a generator: asked once a request.
+        for worker in self._workers.values():
+            if worker.pool == pool and self.is_healthy(worker):
+                return True
+        return False
 
     async def wait_for_capacity(self, pool: str, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for a healthy beat from ``pool``; True if one came."""

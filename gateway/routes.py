@@ -232,9 +232,9 @@ class GatewayApp:
         """The gateway's phases and the last-answered slice's worker phases (Server-Timing);
         each also goes to heron_gateway_phase_duration_seconds."""
         phases = gateway_phases(done.timings)
-        for phase, seconds in phases.items():
-            self.metrics.of(self.metrics.phase, phase, route.model_id).observe(seconds)
-        return Answer(body, route.model_id, phases)
+        model_id = route.model_id
+        self.metrics.observe_phases(model_id, phases)
+        return Answer(body, model_id, phases)
 
     def _route(self, call: InferenceCall, model: str, task: str) -> ModelRoute:
         """model -> bundle -> pool, or the pool the request names in X-Heron-Pool."""

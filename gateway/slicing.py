@@ -94,20 +94,18 @@ def plan_slices(items: Sequence[Item], *, max_items: int, max_tokens: int, max_p
     """
     if not items:
         return []
-    shared_bytes = len(shared_text.encode()) + MESSAGE_OVERHEAD_BYTES
+    budget = max_payload - len(shared_text.encode()) - MESSAGE_OVERHEAD_BYTES
+    if len(items) == 1:  # most requests: only the message size can refuse one item
+        _check_fits(0, item_bytes(items[0]), budget)
+        return [Slice(0, 1)]
     shared_tokens = estimate_tokens(shared_text) if shared_text else 0
-    budget = max_payload - shared_bytes
     per_slice = math.ceil(len(items) / math.ceil(len(items) / max_items))
     slices: list[Slice] = []
     start = count = tokens = size = 0
     for index, item in enumerate(items):
         tokens_here = item_tokens(item) + shared_tokens
         item_size = item_bytes(item)
-        if item_size > budget:
-            raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
-                             f"items[{index}]: {item_size} bytes is over the cluster's "
-                             f"per-message limit of {budget} bytes (NATS max_payload)",
-                             field=f"items[{index}]")
+        _check_fits(index, item_size, budget)
         if count and (count >= per_slice or tokens + tokens_here > max_tokens
                       or size + item_size > budget):
             slices.append(Slice(start, count))
@@ -117,6 +115,15 @@ def plan_slices(items: Sequence[Item], *, max_items: int, max_tokens: int, max_p
         size += item_size
     slices.append(Slice(start, count))
     return slices
+
+
+def _check_fits(index: int, item_size: int, budget: int) -> None:
+    """413 for an item that cannot fit a NATS message with what travels with it."""
+    if item_size > budget:
+        raise HeronError(ErrorCode.PAYLOAD_TOO_LARGE,
+                         f"items[{index}]: {item_size} bytes is over the cluster's "
+                         f"per-message limit of {budget} bytes (NATS max_payload)",
+                         field=f"items[{index}]")
 
 
 def encode_slices(wire_body: dict[str, Any], slices: Sequence[Slice], max_payload: int,

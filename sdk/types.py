@@ -236,8 +236,8 @@ def optional_field(body: Mapping[str, Any], name: str, kind: type | tuple[type, 
     """Field ``name`` of ``body``, of type ``kind``; absent or null is ``default``. 422
     INVALID_FIELD for another type, a bool where a number is meant, NaN or the
     infinities, or an integer past MAX_INTEGER."""
-    value = body.get(name, default)
-    if value is None:
+    value = body.get(name)
+    if value is None:  # absent (most fields of most requests): the default, unchecked
         return default
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if int in kinds or float in kinds:

@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 
 from heron.runtime import api_types as api
 from heron.runtime.backend import Answer
+from heron.runtime.http import request_id_of
 from heron.runtime.modelconfig import split_adapter
 from heron.runtime.openapi import ApiOperation
 from heron_sdk.errors import ErrorCode, HeronError, invalid_field
@@ -186,7 +187,8 @@ class RerankRoutes:
             scored.sort(key=lambda pair: (-pair[1], pair[0]))
             if call.top_n is not None:
                 scored = scored[:call.top_n]
-            request_id = request.state.request_id
+            request_id = request_id_of(request)
+            assert request_id is not None  # RequestScope named it before the handler ran
             return Answer(rerank_answer(call, scored, model_id, tokens, request_id, version),
                           model_id, phases, total if len(call.texts) <= MAX_ITEMS_PER_REQUEST
                           else None)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
+import socket
 import time
 
 import httpx
@@ -79,6 +81,38 @@ def test_the_gateway_stops_waiting_for_a_client_that_left(nats_server: NatsServe
             time.sleep(0.05)
         text = httpx.get(gateway.url + "/metrics").text
         assert 'status="499"' in text
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+def test_a_client_gone_before_its_body_ended_is_a_499_not_an_error(
+        nats_server: NatsServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Headers that promise 1,000 bytes, 20 of them, then the connection closes: the
+    request counts as 499 (client closed), nothing is logged as an unhandled error, and
+    the gateway answers the next request."""
+    pool = unique("halfbody")
+    worker = FakeWorker(nats_server.url, pool, "default").start()
+    gateway = GatewayThread(nats_server.url, {"default": pool}, heron_http=True).start()
+    try:
+        deadline = time.monotonic() + 10
+        while not gateway.gateway.health.has_capacity(pool):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as conn:
+            conn.sendall(b"POST /v1/encode/minilm HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                         b'{"items": ["a text"')
+            time.sleep(0.3)  # the handler is reading the body when the client leaves
+        deadline = time.monotonic() + 5
+        pattern = re.compile(r'heron_gateway_requests_total\{[^}]*route="encode"[^}]*'
+                             r'status="499"\} 1\.0')
+        while not pattern.search(httpx.get(gateway.url + "/metrics").text):
+            assert time.monotonic() < deadline, "the half-sent request was not counted 499"
+            time.sleep(0.05)
+        r = httpx.post(gateway.url + "/v1/encode/minilm", json={"items": ["next"]}, timeout=10)
+        assert r.status_code == 200
+        assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
     finally:
         gateway.stop()
         worker.stop()
