@@ -168,9 +168,16 @@ async def unexpected_error_handler(request: Request, exc: Exception) -> Response
                                               f"internal error: {type(exc).__name__}"))
 
 
+async def client_gone_handler(request: Request, exc: Exception) -> Response:
+    """A client that left before its body arrived: nobody to answer, and no error of the
+    server's. The 499 only labels access logs and metrics."""
+    return Response(status_code=CLIENT_CLOSED_STATUS)
+
+
 EXCEPTION_HANDLERS = {
     HeronError: heron_error_handler,
     HTTPException: http_error_handler,
+    ClientDisconnected: client_gone_handler,
     Exception: unexpected_error_handler,
 }
 

@@ -86,9 +86,19 @@ def test_the_gateway_stops_waiting_for_a_client_that_left(nats_server: NatsServe
         worker.stop()
 
 
+def _half_a_body(port: int, path: str) -> None:
+    """Headers that promise 1,000 bytes, 20 of them, then the connection closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode()
+                     + b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                     + b'{"items": ["a text"')
+        time.sleep(0.3)  # the handler is reading the body when the client leaves
+
+
 def test_a_client_gone_before_its_body_ended_is_a_499_not_an_error(
         nats_server: NatsServer, caplog: pytest.LogCaptureFixture) -> None:
-    """Headers that promise 1,000 bytes, 20 of them, then the connection closes: the
+    """An inference request (the front's own path) and an admin POST (through
+    Starlette's stack) whose clients leave halfway through their bodies: the inference
     request counts as 499 (client closed), nothing is logged as an unhandled error, and
     the gateway answers the next request."""
     pool = unique("halfbody")
@@ -99,11 +109,8 @@ def test_a_client_gone_before_its_body_ended_is_a_499_not_an_error(
         while not gateway.gateway.health.has_capacity(pool):
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as conn:
-            conn.sendall(b"POST /v1/encode/minilm HTTP/1.1\r\nHost: x\r\n"
-                         b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
-                         b'{"items": ["a text"')
-            time.sleep(0.3)  # the handler is reading the body when the client leaves
+        _half_a_body(gateway.port, "/v1/encode/minilm")
+        _half_a_body(gateway.port, "/v1/jobs")
         deadline = time.monotonic() + 5
         pattern = re.compile(r'heron_gateway_requests_total\{[^}]*route="encode"[^}]*'
                              r'status="499"\} 1\.0')
