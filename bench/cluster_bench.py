@@ -66,13 +66,17 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1, threads: int = 
                   worker_cpus: set[int] | None = None,
                   other_cpus: set[int] | None = None,
                   inference_cpus: set[int] | None = None, extra_args: tuple[str, ...] = (),
-                  extra_env: dict[str, str] | None = None) -> Iterator[tuple[str, str]]:
+                  extra_env: dict[str, str] | None = None,
+                  tree: Path = REPO) -> Iterator[tuple[str, str]]:
     """(gateway URL, a worker's URL) of a ready ``heron up`` with ``workers`` workers of
     ``threads`` torch threads each (0: torch's default). ``worker_cpus`` and ``other_cpus``:
     where the workers and everything else (nats-server, config service, gateway) run.
     ``inference_cpus``: the workers' ``--inference-cpus`` (their other threads stay on
-    ``other_cpus``). ``extra_args``/``extra_env``: more for ``heron up`` (``--nats URL``)."""
+    ``other_cpus``). ``extra_args``/``extra_env``: more for ``heron up`` (``--nats URL``).
+    ``tree``: run another checkout's code, first on its path (bench.revision_ab)."""
     env = {**os.environ, **(extra_env or {})}
+    if tree != REPO:
+        env["PYTHONPATH"] = str(tree)
     if threads:
         env["HERON_THREADS"] = str(threads)
     if inference_cpus:
@@ -85,7 +89,7 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1, threads: int = 
             [sys.executable, "-m", "heron.cli", "up", "--port", str(port), "--nats-port",
              str(nats_port), "--config-port", "0", "--data-dir", str(data_dir), "--bundle",
              bundle, "--workers", str(workers), "--min-workers", str(workers), *extra_args],
-            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=on_cpus(other_cpus),
+            stdout=out, stderr=subprocess.STDOUT, cwd=tree, preexec_fn=on_cpus(other_cpus),
             env=env)
     gateway = f"http://127.0.0.1:{port}"
     try:

@@ -36,14 +36,14 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from bench.cluster_bench import local_cluster
 from bench.load import run_wrk
-from bench.server import HOST, REPO, free_port
+from bench.server import HOST, REPO
 from bench.texts import build_workload
 
 # Import name -> folder, as pyproject.toml's [tool.setuptools.package-dir] maps them, plus
@@ -74,34 +74,6 @@ def export(rev: str, into: Path) -> str:
     return commit
 
 
-@contextlib.contextmanager
-def cluster(tree: Path, data: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
-    """`heron up` of ``tree`` (bundle null, one worker): (gateway port, its process)."""
-    port = free_port()
-    data.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    with open(data / "up.log", "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "heron.cli", "up", "--host", HOST, "--port", str(port),
-             "--nats-port", str(free_port()), "--config-port", "0", "--data-dir",
-             str(data / "data"), "--bundle", "null", "--workers", "1", "--min-workers", "1"],
-            cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while post(port, b'{"items": ["ready?"]}')[0] != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"heron up of {tree} did not serve:\n"
-                                   f"{(data / 'up.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield port, proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
 def post(port: int, body: bytes) -> tuple[int, bytes]:
     """One encode request on a connection of its own: (status, body); 0 when refused."""
     conn = http.client.HTTPConnection(HOST, port, timeout=10)
@@ -120,10 +92,14 @@ def write_bodies(texts: list[str], path: Path, no_cache: bool) -> None:
     path.write_text("".join(json.dumps({"items": [t], **extra}) + "\n" for t in texts))
 
 
-def processes(proc: subprocess.Popen[bytes]) -> dict[str, psutil.Process]:
-    """The cluster's nats-server, gateway and worker processes, by role."""
+def processes(data_dir: Path) -> dict[str, psutil.Process]:
+    """The nats-server, gateway and worker processes of the `heron up` whose data folder
+    is ``data_dir``, by role."""
+    up = next(p for p in psutil.process_iter(["cmdline"])
+              if " up " in " ".join(p.info["cmdline"] or ())
+              and str(data_dir) in (p.info["cmdline"] or ()))
     out = {}
-    for child in psutil.Process(proc.pid).children(recursive=True):
+    for child in up.children(recursive=True):
         command = " ".join(child.cmdline())
         for role in ("nats-server", "gateway", "worker"):
             if role in command:
@@ -168,8 +144,9 @@ def run(rev: str, rounds: int, duration_s: float, out: Path) -> dict[str, Any]:
         ports, procs, bodies = {}, {}, {}
         for name, tree in trees.items():
             log(f"starting heron up of {name} ({tree})")
-            ports[name], proc = stack.enter_context(cluster(tree, work / name))
-            procs[name] = processes(proc)
+            gateway, _ = stack.enter_context(local_cluster("null", work / name, tree=tree))
+            ports[name] = int(gateway.rsplit(":", 1)[1])
+            procs[name] = processes(work / name)
             takes_cache = post(ports[name], b'{"items": ["x"], "cache": false}')[0] == 200
             bodies[name] = work / f"{name}.txt"
             write_bodies(texts, bodies[name], no_cache=takes_cache)

@@ -20,7 +20,6 @@ os.environ.setdefault("HERON_MEMORY_THRESHOLD_PERCENT", "99")
 os.environ.setdefault("HERON_WORKERS", "1")
 
 import shutil
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,10 +217,7 @@ def cluster_url(nats_server: NatsServer, test_bundle: Path, cluster_job_root: Pa
     gateway = GatewayThread(nats_server.url, {str(test_bundle): pool},
                             settings=GatewaySettings(job_roots=str(cluster_job_root))).start()
     try:
-        deadline = time.monotonic() + 60
-        while not gateway.gateway.health.has_capacity(pool):
-            assert time.monotonic() < deadline, f"worker never beat as ready:\n{worker.log()}"
-            time.sleep(0.1)
+        gateway.wait_for_capacity(pool, 60, worker.log)
         beat = gateway.gateway.health.healthy(pool)[0]
         # gateway and worker read the same configs: their bundle hashes agree
         assert beat.bundle_hash == gateway.gateway.registry.bundle_hash(pool)

@@ -295,10 +295,7 @@ def test_through_the_cluster_the_gateway_fetches(bundle: Path, nats_server: Nats
     settings = GatewaySettings(image_url_hosts="127.0.0.1", image_url_timeout_s=TIMEOUT_S)
     gateway = GatewayThread(nats_server.url, {str(bundle): pool}, settings=settings).start()
     try:
-        deadline = time.monotonic() + 60
-        while not gateway.gateway.health.has_capacity(pool):
-            assert time.monotonic() < deadline, f"worker never beat as ready:\n{worker.log()}"
-            time.sleep(0.1)
+        gateway.wait_for_capacity(pool, 60, worker.log)
         want = inline(http, PNG)
         with httpx.Client(base_url=gateway.url, timeout=30) as client:
             r = client.post(CLIP, json={"items": [{"image": f"{images.base}/a.png"}]})

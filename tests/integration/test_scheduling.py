@@ -66,10 +66,7 @@ def test_the_gateway_stops_waiting_for_a_client_that_left(nats_server: NatsServe
     worker = FakeWorker(nats_server.url, pool, "default", answer=False).start()  # never answers
     gateway = GatewayThread(nats_server.url, {"default": pool}, heron_http=heron_http).start()
     try:
-        deadline = time.monotonic() + 10
-        while not gateway.gateway.health.has_capacity(pool):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        gateway.wait_for_capacity(pool, 10)
         with pytest.raises(httpx.TimeoutException):
             httpx.post(gateway.url + "/v1/encode/minilm", timeout=0.5,
                        json={"items": ["nobody will answer"] * 10})
@@ -105,10 +102,7 @@ def test_a_client_gone_before_its_body_ended_is_a_499_not_an_error(
     worker = FakeWorker(nats_server.url, pool, "default").start()
     gateway = GatewayThread(nats_server.url, {"default": pool}, heron_http=True).start()
     try:
-        deadline = time.monotonic() + 10
-        while not gateway.gateway.health.has_capacity(pool):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        gateway.wait_for_capacity(pool, 10)
         _half_a_body(gateway.port, "/v1/encode/minilm")
         _half_a_body(gateway.port, "/v1/jobs")
         deadline = time.monotonic() + 5
@@ -136,10 +130,7 @@ def test_a_lower_priority_goes_on_a_lane_every_worker_pulls(nats_server: NatsSer
     worker = FakeWorker(nats_server.url, pool, "default", lanes=lanes).start()
     gateway = GatewayThread(nats_server.url, {"default": pool}).start()
     try:
-        deadline = time.monotonic() + 10
-        while not gateway.gateway.health.has_capacity(pool):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        gateway.wait_for_capacity(pool, 10)
         for priority in (0, 2):
             r = httpx.post(gateway.url + "/v1/encode/minilm", timeout=10, json={
                 "items": [f"priority {priority}"], "priority": priority, "timeout_s": 5})

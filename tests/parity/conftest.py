@@ -24,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,10 +120,7 @@ def parity_servers(parity_bundle: Path, tmp_path_factory: pytest.TempPathFactory
         for server in started:
             wait_until(server, "/readyz", 600)
         gateway = GatewayThread(nats.url, {str(parity_bundle): pool}).start()
-        deadline = time.monotonic() + 60
-        while not gateway.gateway.health.has_capacity(pool):
-            assert time.monotonic() < deadline, f"worker never ready:\n{worker.log()}"
-            time.sleep(0.1)
+        gateway.wait_for_capacity(pool, 60, worker.log)
         yield {"serve": started[0].url, "unpacked": started[1].url, "gateway": gateway.url}
     finally:
         if gateway is not None:

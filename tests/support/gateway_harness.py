@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,16 @@ class GatewayThread:
             time.sleep(0.05)
         self.stop()
         raise TimeoutError(f"gateway {self.url}{path} not 200 after {timeout_s}s")
+
+    def wait_for_capacity(self, pool: str, timeout_s: float,
+                          explain: Callable[[], str] = lambda: "") -> None:
+        """Until a worker of ``pool`` has beaten as ready (its first heartbeat); fails the
+        test after ``timeout_s``, with ``explain()`` (a worker's log) in the message."""
+        deadline = time.monotonic() + timeout_s
+        while not self.gateway.health.has_capacity(pool):
+            assert time.monotonic() < deadline, \
+                f"no worker of pool {pool} beat as ready within {timeout_s:g} s\n{explain()}"
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.server.should_exit = True
