@@ -153,6 +153,7 @@ class GatewayApp:
         self.status_page: ClusterStatusPage | None = None  # set by build()
         self._status_since = 0.0
         self._grace_s = self.settings.startup_grace_s  # from _status_since, for a first beat
+        self._warm_before: frozenset[str] = frozenset()  # pools ready when NATS went away
 
     # ---- NATS set-up ---------------------------------------------------------------------
     async def declare_streams(self, nc: NatsClient, js: JetStreamContext) -> None:
@@ -180,12 +181,14 @@ class GatewayApp:
 
     async def _after_reconnect(self, nc: NatsClient, js: JetStreamContext) -> None:
         # Heartbeats went stale while NATS was away: give workers time to beat again before
-        # calling a warm pool cold (202). Not the start-up grace: a worker reconnects on its
-        # own schedule (0.5 s between tries) and then beats within a second, so it may be
-        # heard 2 s after this gateway is back (a 202 seen in CI's NATS restart test with
-        # the 1.5 s start-up grace); the heartbeat timeout covers that.
+        # calling a warm pool cold (202). A worker reconnects on its own schedule (0.5 s
+        # between tries) and then beats within a second; on a loaded host that took over
+        # 3 s (202s in CI's NATS restart test with the heartbeat timeout as the grace). A
+        # pool whose workers were ready before the outage waits reconnect_grace_s for them;
+        # any other pool, the heartbeat timeout.
         self._status_since = time.monotonic()
         self._grace_s = max(self.settings.startup_grace_s, self.health.timeout_s)
+        self._warm_before = frozenset(w.pool for w in self.health.workers() if w.ready)
         await self.pools.start(js)  # watch the pools bucket afresh: leases may have ended
         await self.jobs.loop.watch()  # and the jobs bucket
         await self.declare_streams(nc, js)
@@ -259,7 +262,7 @@ class GatewayApp:
         timeout_s = options.timeout_s or self.settings.default_timeout_s
         # First: with NATS away, heartbeats stop too, and the pool would look cold (202).
         await self.dispatcher.ensure_nats(timeout_s, call.received_at)
-        await self._require_capacity(route)
+        await self._require_capacity(route, timeout_s - (time.monotonic() - call.received_at))
         note_route(route.model_id, route.pool)  # the request's log lines and span name both
         context = current_request()  # bound by RequestScope: the client's X-Request-Id
         healthy = self.health.healthy(route.pool)
@@ -271,10 +274,17 @@ class GatewayApp:
             shared_text=shared_text, partial=partial, bulk=bulk, weights=weights,
             low_lane=options.priority <= 0 or self.health.all_pull(healthy, Lane.LOW)))
 
-    async def _require_capacity(self, route: ModelRoute) -> None:
+    async def _require_capacity(self, route: ModelRoute, left_s: float | None = None
+                                ) -> None:
+        """Return when the pool has a healthy worker; else, once the grace after (re)connect
+        has passed (or ``left_s``, the request's time left), 202 PROVISIONING."""
         pool = route.pool
         if not self.health.has_capacity(pool):
-            grace = self._grace_s - (time.monotonic() - self._status_since)
+            grace = max(self._grace_s, self.settings.reconnect_grace_s) \
+                if pool in self._warm_before else self._grace_s
+            grace -= time.monotonic() - self._status_since
+            if left_s is not None:
+                grace = min(grace, left_s)
             if not await self.health.wait_for_capacity(pool, grace):
                 await self._provisioning(route)
         self.demand.satisfied(pool)

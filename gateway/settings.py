@@ -74,6 +74,12 @@ class GatewaySettings(InferenceServerSettings):
     startup_grace_s: float = setting(
         1.5, "After connecting, how long to wait for a pool's first heartbeat before "
              "answering 202 (a restarted gateway never makes a warm pool look cold)")
+    # After NATS comes back, a pool that was warm before waits this long for a beat: its
+    # workers reconnect on their own schedule, and a loaded host took over 3 s in CI.
+    reconnect_grace_s: float = setting(
+        10.0, "After NATS comes back, how long a pool whose workers were ready before the "
+              "outage waits for their first heartbeat (within the request's deadline) "
+              "before answering 202", minimum=0)
     provisioning_retry_after_s: float = setting(
         2.0, "Retry-After of a 202 (no healthy worker in the pool)")
     provisioning_estimate_s: float = setting(

@@ -113,6 +113,56 @@ def test_work_queued_before_a_restart_is_answered_after_it(own_nats: NatsServer,
         request.join(1)
 
 
+def test_after_an_outage_a_warm_pool_waits_for_its_late_worker_and_a_cold_one_does_not(
+        own_nats: NatsServer, tmp_path: Path) -> None:
+    """NATS restarted: a worker that reconnects late (a loaded host) is still waited for,
+    past the heartbeat timeout, because its pool was warm before; a pool that had no worker
+    answers 202 after the heartbeat timeout, not the longer grace."""
+    root = write_bundles(tmp_path / "bundles", {"b": ["dense"], "c": ["dense"]})
+    warm, cold = unique("pool"), unique("pool")
+    worker = FakeWorker(own_nats.url, warm, "b").start()
+    gateway = GatewayThread(own_nats.url, {"b": warm, "c": cold}, root).start()
+    late: FakeWorker | None = None
+    answers: list[tuple[httpx.Response, float]] = []
+
+    def ask() -> None:
+        started = time.monotonic()
+        r = httpx.post(gateway.url + "/v1/encode/b-dense",
+                       json={"items": ["late"], "timeout_s": 20}, timeout=30)
+        answers.append((r, time.monotonic() - started))
+
+    request = threading.Thread(target=ask)
+    try:
+        gateway.wait_for_capacity(warm, 10, "the worker's first beat")
+        worker.stop()  # silent from here on: its last beat said ready
+        silent_since = time.monotonic()
+        own_nats.stop()
+        own_nats.start()
+        wait_ready(gateway.url)
+        # Past the heartbeat timeout (3 s): the gateway no longer counts the old beat.
+        time.sleep(max(0.0, 3.5 - (time.monotonic() - silent_since)))
+        request.start()
+        started = time.monotonic()
+        r = httpx.post(gateway.url + "/v1/encode/c-dense", json={"items": ["x"]}, timeout=10)
+        assert r.status_code == 202 and r.json()["pool"] == cold, r.text
+        assert time.monotonic() - started < 3.0  # what is left of the 3 s, not of 10 s
+        time.sleep(max(0.0, 3.5 - (time.monotonic() - started)))
+        assert not answers, answers  # still waiting for the warm pool's worker
+        late = FakeWorker(own_nats.url, warm, "b").start()
+        request.join(20)
+        assert answers, "no answer"
+        answer, took = answers[0]
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["items"][0]["dense"] == fake_vector("late").tolist()
+        assert took > 3.0
+    finally:
+        gateway.stop()
+        if late is not None:
+            late.stop()
+        if request.is_alive():
+            request.join(1)
+
+
 # ---- start-up without NATS --------------------------------------------------------------
 def test_gateway_starts_without_nats_and_becomes_ready_when_it_appears(
         tmp_path: Path) -> None:
