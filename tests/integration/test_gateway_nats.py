@@ -117,7 +117,8 @@ def test_after_an_outage_a_warm_pool_waits_for_its_late_worker_and_a_cold_one_do
         own_nats: NatsServer, tmp_path: Path) -> None:
     """NATS restarted: a worker that reconnects late (a loaded host) is still waited for,
     past the heartbeat timeout, because its pool was warm before; a pool that had no worker
-    answers 202 after the heartbeat timeout, not the longer grace."""
+    answers 202 after the heartbeat timeout, not the longer grace; and no wait outlasts the
+    request's deadline."""
     root = write_bundles(tmp_path / "bundles", {"b": ["dense"], "c": ["dense"]})
     warm, cold = unique("pool"), unique("pool")
     worker = FakeWorker(own_nats.url, warm, "b").start()
@@ -148,6 +149,11 @@ def test_after_an_outage_a_warm_pool_waits_for_its_late_worker_and_a_cold_one_do
         r = httpx.post(gateway.url + "/v1/encode/c-dense", json={"items": ["x"]}, timeout=10)
         assert r.status_code == 202 and r.json()["pool"] == cold, r.text
         assert time.monotonic() - started < 5.0  # what is left of the 3 s, not of 20 s
+        short = time.monotonic()  # the warm pool's wait ends at the request's deadline
+        r = httpx.post(gateway.url + "/v1/encode/b-dense",
+                       json={"items": ["short"], "timeout_s": 1.0}, timeout=10)
+        assert r.status_code == 202 and r.json()["pool"] == warm, r.text
+        assert 0.9 < time.monotonic() - short < 3.0
         time.sleep(max(0.0, 3.5 - (time.monotonic() - started)))
         assert not answers, answers  # still waiting for the warm pool's worker
         late = FakeWorker(own_nats.url, warm, "b").start()
