@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import socket
 import time
@@ -184,11 +185,14 @@ class GatewayApp:
         # calling a warm pool cold (202). A worker reconnects on its own schedule (0.5 s
         # between tries) and then beats within a second; on a loaded host that took over
         # 3 s (202s in CI's NATS restart test with the heartbeat timeout as the grace). A
-        # pool whose workers were ready before the outage waits reconnect_grace_s for them;
-        # any other pool, the heartbeat timeout.
+        # pool with a healthy worker when the connection was lost waits reconnect_grace_s
+        # for it; any other pool, the heartbeat timeout.
         self._status_since = time.monotonic()
         self._grace_s = max(self.settings.startup_grace_s, self.health.timeout_s)
-        self._warm_before = frozenset(w.pool for w in self.health.workers() if w.ready)
+        lost = self.link.disconnected_at
+        fresh = -math.inf if lost is None else lost - self.health.timeout_s
+        self._warm_before = frozenset(w.pool for w in self.health.workers()
+                                      if w.ready and w.received > fresh)
         await self.pools.start(js)  # watch the pools bucket afresh: leases may have ended
         await self.jobs.loop.watch()  # and the jobs bucket
         await self.declare_streams(nc, js)

@@ -85,6 +85,7 @@ class NatsLink:
         self.js: JetStreamContext | None = None
         self.set_up = False
         self.last_error: str | None = None
+        self.disconnected_at: float | None = None  # monotonic, the last time it was lost
         self._set_up_event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._resetup: asyncio.Task[None] | None = None
@@ -219,6 +220,7 @@ class NatsLink:
     async def _on_disconnected(self) -> None:
         if self._closing:
             return
+        self.disconnected_at = time.monotonic()
         self.last_error = f"disconnected from NATS; reconnecting to {self.url}"
         self.log.warning("%s", self.last_error)
 

@@ -116,12 +116,13 @@ def test_work_queued_before_a_restart_is_answered_after_it(own_nats: NatsServer,
 def test_after_an_outage_a_warm_pool_waits_for_its_late_worker_and_a_cold_one_does_not(
         own_nats: NatsServer, tmp_path: Path) -> None:
     """NATS restarted: a worker that reconnects late (a loaded host) is still waited for,
-    past the heartbeat timeout, because its pool was warm before; a pool that had no worker
-    answers 202 after the heartbeat timeout, not the longer grace; and no wait outlasts the
-    request's deadline."""
+    past the heartbeat timeout, because its pool was warm when NATS went away; a pool whose
+    worker had gone silent before that answers 202 after the heartbeat timeout, not the
+    longer grace; and no wait outlasts the request's deadline."""
     root = write_bundles(tmp_path / "bundles", {"b": ["dense"], "c": ["dense"]})
     warm, cold = unique("pool"), unique("pool")
     worker = FakeWorker(own_nats.url, warm, "b").start()
+    gone = FakeWorker(own_nats.url, cold, "c").start()
     # A longer grace than the default 10 s: margin for a slow host, the same test.
     gateway = GatewayThread(own_nats.url, {"b": warm, "c": cold}, root,
                             GatewaySettings(reconnect_grace_s=20.0)).start()
@@ -137,6 +138,9 @@ def test_after_an_outage_a_warm_pool_waits_for_its_late_worker_and_a_cold_one_do
     request = threading.Thread(target=ask)
     try:
         gateway.wait_for_capacity(warm, 10, "the worker's first beat")
+        gateway.wait_for_capacity(cold, 10, "the other worker's first beat")
+        gone.stop()  # its last beat said ready, but it is stale before NATS goes away
+        time.sleep(3.5)  # the heartbeat timeout (3 s)
         worker.stop()  # silent from here on: its last beat said ready
         silent_since = time.monotonic()
         own_nats.stop()
