@@ -266,7 +266,7 @@ class GatewayApp:
         timeout_s = options.timeout_s or self.settings.default_timeout_s
         # First: with NATS away, heartbeats stop too, and the pool would look cold (202).
         await self.dispatcher.ensure_nats(timeout_s, call.received_at)
-        await self._require_capacity(route, timeout_s, call.received_at)
+        await self._require_capacity(route, deadline=call.received_at + timeout_s)
         note_route(route.model_id, route.pool)  # the request's log lines and span name both
         context = current_request()  # bound by RequestScope: the client's X-Request-Id
         healthy = self.health.healthy(route.pool)
@@ -278,18 +278,17 @@ class GatewayApp:
             shared_text=shared_text, partial=partial, bulk=bulk, weights=weights,
             low_lane=options.priority <= 0 or self.health.all_pull(healthy, Lane.LOW)))
 
-    async def _require_capacity(self, route: ModelRoute, timeout_s: float | None = None,
-                                received_at: float = 0.0) -> None:
+    async def _require_capacity(self, route: ModelRoute, deadline: float | None = None
+                                ) -> None:
         """Return when the pool has a healthy worker; else, once the grace after (re)connect
-        has passed (or the request's deadline: ``timeout_s`` from ``received_at``), 202
-        PROVISIONING."""
+        has passed (or the request's ``deadline``, monotonic), 202 PROVISIONING."""
         pool = route.pool
         if not self.health.has_capacity(pool):
             grace = max(self._grace_s, self.settings.reconnect_grace_s) \
                 if pool in self._warm_before else self._grace_s
             grace -= time.monotonic() - self._status_since
-            if timeout_s is not None:
-                grace = min(grace, timeout_s - (time.monotonic() - received_at))
+            if deadline is not None:
+                grace = min(grace, deadline - time.monotonic())
             if not await self.health.wait_for_capacity(pool, grace):
                 await self._provisioning(route)
         self.demand.satisfied(pool)

@@ -77,8 +77,8 @@ class GatewaySettings(InferenceServerSettings):
     # After NATS comes back, a pool that was warm before waits this long for a beat: its
     # workers reconnect on their own schedule, and a loaded host took over 3 s in CI.
     reconnect_grace_s: float = setting(
-        10.0, "After NATS comes back, how long a pool whose workers were ready before the "
-              "outage waits for their first heartbeat (within the request's deadline) "
+        10.0, "After NATS comes back, how long a pool that had a healthy worker when the "
+              "connection was lost waits for a heartbeat (within the request's deadline) "
               "before answering 202", minimum=0)
     provisioning_retry_after_s: float = setting(
         2.0, "Retry-After of a 202 (no healthy worker in the pool)")
