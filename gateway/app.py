@@ -13,9 +13,9 @@ from starlette.applications import Starlette
 from heron.gateway.registry import BundleDirSource, RouteTable
 from heron.gateway.routes import GatewayApp
 from heron.gateway.settings import GatewaySettings
+from heron.runtime.hot_posts import HOT_POST_HTTP
 from heron.runtime.logs import uvicorn_log_config
 from heron.runtime.modelconfig import ConfigError
-from heron.runtime.received import RECEIVED_AT_HTTP
 
 DEFAULT_POOLS = {"default": "default"}  # bundle -> pool
 
@@ -59,7 +59,7 @@ def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "in
     # and a walk of its headers, about 1% of a gateway's CPU a one-text request), and the
     # gateway reads neither the client's address nor the scheme it rewrites.
     return uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                          access_log=access_log, loop="uvloop", http=RECEIVED_AT_HTTP,
+                          access_log=access_log, loop="uvloop", http=HOT_POST_HTTP,
                           log_config=uvicorn_log_config(), proxy_headers=False,
                           timeout_graceful_shutdown=math.ceil(shutdown_s))
 

@@ -118,27 +118,42 @@ class InferenceApp(Starlette):
     hot_exact: dict[str, Callable[[Request], Awaitable[Response]]] = {}  # exact path ->
     hot_unless_origin = False  # CORS is on: a request with an Origin header takes the stack
 
+    def hot_route(self, path: str, has_origin: bool
+                  ) -> tuple[Callable[[Request], Awaitable[Response]],
+                             dict[str, str] | None] | None:
+        """The handler of a POST to ``path`` (and its path parameters) when it takes the
+        short way; None when it goes through Starlette's stack."""
+        if has_origin and self.hot_unless_origin:
+            return None
+        handler = self.hot_exact.get(path)
+        if handler is not None:
+            return handler, None
+        if not path.startswith("/v1/"):
+            return None
+        prefix = path[:path.find("/", 4) + 1]
+        handler = self.hot_routes.get(prefix)
+        model = path[len(prefix):]
+        if handler is None or not model:
+            return None
+        return handler, {"model": model}
+
+    async def serve_hot(self, request: Request,
+                        handler: Callable[[Request], Awaitable[Response]]) -> Response:
+        """``handler``'s response, or the one the stack's error handlers give its error."""
+        try:
+            return await handler(request)
+        except Exception as exc:
+            return await error_handler(exc)(request, exc)
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not (
-                self.hot_unless_origin and _has_origin(scope)):
-            path: str = scope["path"]
-            handler = self.hot_exact.get(path)
-            model = None
-            if handler is None and path.startswith("/v1/"):
-                prefix = path[:path.find("/", 4) + 1]
-                handler = self.hot_routes.get(prefix)
-                model = path[len(prefix):] if handler is not None else None
-                if not model:
-                    handler = None
-            if handler is not None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            route = self.hot_route(scope["path"], self.hot_unless_origin and _has_origin(scope))
+            if route is not None:
+                handler, path_params = route
                 scope["app"] = self
-                if model is not None:
-                    scope["path_params"] = {"model": model}
-                request = Request(scope, receive, send)
-                try:
-                    response = await handler(request)
-                except Exception as exc:
-                    response = await error_handler(exc)(request, exc)
+                if path_params is not None:
+                    scope["path_params"] = path_params
+                response = await self.serve_hot(Request(scope, receive, send), handler)
                 await response(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)

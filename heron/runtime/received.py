@@ -13,8 +13,9 @@ one-text requests a second, uvicorn's two writes a response were its largest sin
 and it tells a request's handler when its connection is lost (``DisconnectHook`` in
 ``scope["heron.disconnect"]``: a callback, where a task per request waiting for ASGI's
 ``http.disconnect`` cost a gateway 3-4% of its CPU).
-Every Heron server runs uvicorn with it (``http=RECEIVED_AT_HTTP``); ``received_at``
-falls back to now under any other server (tests' ASGI transports).
+Every Heron server runs uvicorn with it (``http=RECEIVED_AT_HTTP``; the gateway with its
+subclass ``HotPostHttpTools``, heron.runtime.hot_posts, which serves the inference POSTs
+itself); ``received_at`` falls back to now under any other server (tests' ASGI transports).
 """
 
 from __future__ import annotations

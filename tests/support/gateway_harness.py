@@ -31,6 +31,7 @@ from nats.js.errors import NotFoundError
 from heron.gateway.app import create_app
 from heron.gateway.routes import GatewayApp
 from heron.gateway.settings import GatewaySettings
+from heron.runtime.hot_posts import HOT_POST_HTTP
 from heron.runtime.nats_names import (
     Lane,
     WorkStreamSpec,
@@ -40,7 +41,6 @@ from heron.runtime.nats_names import (
     work_stream,
 )
 from heron.runtime.protocol import WorkerHeartbeat, WorkItemHeaders, WorkResult
-from heron.runtime.received import RECEIVED_AT_HTTP
 from heron_sdk import wire
 from tests.support.servers import REPO, ServerProcess, free_port, wait_until
 
@@ -71,9 +71,10 @@ def unique(prefix: str) -> str:
 
 # ---- a gateway in a thread ----------------------------------------------------------------
 class GatewayThread:
-    """``heron_http``: uvicorn with Heron's own httptools protocol, as ``heron gateway``
-    runs it (heron.runtime.received); else uvicorn's default protocol, as a server Heron
-    does not control would (what falls back to ASGI alone is tested that way)."""
+    """``heron_http``: uvicorn with Heron's own httptools protocol and no proxy-headers
+    middleware, as ``heron gateway`` runs it (heron.runtime.hot_posts); else uvicorn's
+    default protocol, as a server Heron does not control would (what falls back to ASGI
+    alone is tested that way)."""
 
     def __init__(self, nats_url: str, pools: dict[str, str], bundles_dir: Path | None = None,
                  settings: GatewaySettings | None = None, heron_http: bool = False) -> None:
@@ -83,7 +84,7 @@ class GatewayThread:
         self.gateway: GatewayApp = app.state.gateway
         self.server = uvicorn.Server(uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", loop="asyncio",
-            http=RECEIVED_AT_HTTP if heron_http else "auto"))
+            http=HOT_POST_HTTP if heron_http else "auto", proxy_headers=not heron_http))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self, wait_ready: bool = True, timeout_s: float = 20) -> GatewayThread:
