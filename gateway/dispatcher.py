@@ -162,6 +162,7 @@ class _SentGroup:
 
     group: Group
     live: int  # members still waiting for it
+    load: PoolLoad  # the backlog it counts in, as one slice
 
 
 class Dispatcher:
@@ -213,16 +214,18 @@ class Dispatcher:
         # A shared work item is encoded when its group leaves (its bytes were estimated).
         encoded = [] if coalesce else encode_slices(work.wire_body, slices, max_payload)
         pieces = slices if coalesce else [s for s, _ in encoded]
-        self._admit(work, load, len(pieces), remaining)
+        # A coalesced request's work item is its group's: one slice, counted as it leaves.
+        messages = 0 if coalesce else len(pieces)
+        self._admit(work, load, messages, remaining)
 
         inbox_key = new_request_id()
         deadline = time.time() + remaining  # wall clock: workers compare it with theirs
         pending = _Pending(Reassembly(work.request_id, pieces, partial=work.partial),
                            load, asyncio.get_running_loop().create_future(),
-                           work.cost(), len(pieces), weights=work.weights)
+                           work.cost(), messages, weights=work.weights)
         self._pending[inbox_key] = pending
-        busy = load.slices > 0  # other requests of this gateway outstanding
-        load.published(pending.items, len(pieces), time.monotonic())
+        busy = load.items > 0 or load.slices > 0  # other requests of this gateway outstanding
+        load.published(pending.items, messages, time.monotonic())
         timings = pending.reassembly.gateway_timings
         try:
             if coalesce:
@@ -363,7 +366,9 @@ class Dispatcher:
                 self._send(group.only(part))
             return
         group_key = new_request_id()
-        self._groups[group_key] = _SentGroup(group, len(live))
+        load = live[0][1].load
+        self._groups[group_key] = _SentGroup(group, len(live), load)
+        load.published(0, 1, left_at)
         self._flying[group.pool] = self._flying.get(group.pool, 0) + 1
         for member, pending in live:
             pending.group = group_key
@@ -385,6 +390,7 @@ class Dispatcher:
                 await self.publisher.publish(key.pool, subject, payload, headers, give_up_at)
         except Exception as exc:
             self._landed(self._groups.pop(group_key, None))
+            load.abandoned(0, 1, time.monotonic())
             error = self.publisher.error(key.pool, exc)
             for _, pending in live:
                 _fail(pending, error)
@@ -411,8 +417,15 @@ class Dispatcher:
         """A shared work item's result, as each member's own (coalescing.split_result);
         members whose neighbour's input failed it are sent again."""
         split = split_result(sent.group, result, self._pending.__contains__)
+        done = 0  # items answered: the work item's one completion in the pool's rate
         for member, part in split.results:
-            self._apply(self._pending[member.inbox_key], part, arrived)
+            done += self._apply(self._pending[member.inbox_key], part, arrived, shared=True)
+        if result.error is None and done:
+            batch_s = result.timings.get("inference") if result.timings else None
+            sent.load.answered(done, 1, arrived,
+                               batch_s if isinstance(batch_s, int | float) else None)
+        else:
+            sent.load.abandoned(0, 1, arrived)
         if split.resend:
             self.metrics.coalesced_resent.labels(sent.group.pool).inc(len(split.resend))
             self._send(sent.group.only(split.resend))
@@ -470,20 +483,30 @@ class Dispatcher:
             return
         self.metrics.ignored_results.labels("unknown").inc()
 
-    def _apply(self, pending: _Pending, result: WorkResult, arrived: float) -> None:
-        """One result for one request's slice: reassemble it, count it, finish the wait."""
+    def _apply(self, pending: _Pending, result: WorkResult, arrived: float,
+               shared: bool = False) -> int:
+        """One result for one request's slice: reassemble it, count it, finish the wait.
+        ``shared``: the request's part of a shared work item's result, whose completion
+        the caller counts; returns the items answered without error."""
+        done = 0
         outcome = pending.reassembly.add(result)
         if outcome in (Added.ACCEPTED, Added.COMPLETE):
             weight = pending.weight(result.start, result.count)
             pending.answered += weight
-            pending.answered_slices += 1
             load = pending.load
-            if result.error is None:  # the rate is of work done, not of refusals
-                batch_s = result.timings.get("inference") if result.timings else None
-                load.answered(weight, 1, arrived,
-                              batch_s if isinstance(batch_s, int | float) else None)
+            if shared:
+                if result.error is None:
+                    done = weight  # leaves the backlog with the work item's completion
+                else:
+                    load.abandoned(weight, 0, arrived)
             else:
-                load.abandoned(weight, 1, arrived)
+                pending.answered_slices += 1
+                if result.error is None:  # the rate is of work done, not of refusals
+                    batch_s = result.timings.get("inference") if result.timings else None
+                    load.answered(weight, 1, arrived,
+                                  batch_s if isinstance(batch_s, int | float) else None)
+                else:
+                    load.abandoned(weight, 1, arrived)
             worker_s = result.timings.get("total") if result.timings else None
             if isinstance(worker_s, int | float):  # the last slice's: see Reassembly.timings
                 pending.unaccounted_s = max(0.0, arrived - pending.published_at - worker_s)
@@ -491,6 +514,7 @@ class Dispatcher:
             self.metrics.ignored_results.labels(outcome.value).inc()
         if pending.reassembly.done and not pending.done.done():
             pending.done.set_result(None)
+        return done
 
     def _forget(self, inbox_key: str) -> None:
         pending = self._pending.pop(inbox_key, None)
@@ -500,6 +524,7 @@ class Dispatcher:
                 sent.live -= 1
                 if sent.live <= 0:  # nobody waits for that work item's result any more
                     self._landed(self._groups.pop(pending.group))  # type: ignore[arg-type]
+                    sent.load.abandoned(0, 1, time.monotonic())
             # Slices still unanswered stop counting: workers drop them past the deadline.
             pending.load.abandoned(pending.items - pending.answered,
                                               pending.slices - pending.answered_slices,

@@ -183,12 +183,14 @@ class FakeWorker:
     """Beats as ready every 0.3 s, reporting ``models`` (model id -> state); with
     ``answer`` it also pulls and answers work, each result published twice when
     ``duplicate`` (as after a redelivery). ``lanes``: the lanes it pulls and names in its
-    beats (a worker from before the low lane: first and bulk, and it names none)."""
+    beats (a worker from before the low lane: first and bulk, and it names none).
+    ``seconds_per_item``: how long a work item takes, per item (a model's compute)."""
 
     def __init__(self, nats_url: str, pool: str, bundle: str, *, answer: bool = True,
                  duplicate: bool = False, models: dict[str, str] | None = None,
-                 lanes: tuple[Lane, ...] = tuple(Lane)) -> None:
+                 lanes: tuple[Lane, ...] = tuple(Lane), seconds_per_item: float = 0.0) -> None:
         self.nats_url, self.pool, self.bundle = nats_url, pool, bundle
+        self.seconds_per_item = seconds_per_item
         self.answer, self.duplicate = answer, duplicate
         self.models = dict(models or {})
         self.lanes = lanes
@@ -244,6 +246,8 @@ class FakeWorker:
         self.seen.append(headers)
         self.subjects.append(msg.subject)
         item = WorkItemHeaders.from_wire(headers)
+        if self.seconds_per_item:
+            await asyncio.sleep(self.seconds_per_item * item.count)
         try:
             body = fake_answer(item.task, wire.decode(msg.data, wire.MSGPACK))
             result = WorkResult(item.request_id, item.start, item.count, body=body,

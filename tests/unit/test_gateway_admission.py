@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from heron.gateway.admission import MIN_RETRY_AFTER_S, PoolLoad
+from heron.gateway.admission import MIN_RETRY_AFTER_S, CostFit, PoolLoad
 
 
 def busy_pool(rate_items_s: float, results: int = 20, start: float = 0.0) -> tuple[PoolLoad,
@@ -97,3 +97,53 @@ def test_the_last_admitted_item_waits_for_its_whole_batch() -> None:
     assert load.expected_wait_s(1, 1) == pytest.approx(3.1 + 1.5)
     assert load.refusal(1, 1, remaining_s=5.0, timeout_s=5.0, max_items=4096,
                         cold_rate=10.0) is not None  # 4.6 s > 80% of 5 s
+
+
+def test_a_burst_of_shared_work_items_after_big_ones_is_judged_by_its_own_cost() -> None:
+    """Four 64-item work items at a second each, then shared work items of 10 one-text
+    requests at 0.16 s each (a shared work item is one slice; its members add items):
+    the fit gives an item its 15 ms and a message almost nothing, so 45 items in 5
+    shared work items are about 0.7 s of work, where the slice rate alone (8 work items
+    in 3.8 s of the window) would say 2.4 s."""
+    load = PoolLoad(min_samples=8)
+    now = 0.0
+    load.published(256, 4, now)
+    for _ in range(4):
+        now += 1.0
+        load.answered(64, 1, now)
+    for _ in range(5):  # members join, their shared work items leave and come back
+        load.published(10, 0, now)
+        load.published(0, 1, now)
+        now += 0.16
+        load.answered(10, 1, now)
+    load.published(45, 0, now)
+    load.published(0, 5, now)
+    wait = load.expected_wait_s(1, 0)
+    assert wait is not None and 0.5 < wait - load.batch_s < 0.9
+    assert load.refusal(1, 0, remaining_s=4.0, timeout_s=5, max_items=4096,
+                        cold_rate=20) is None
+
+
+def test_work_items_of_one_size_keep_the_longer_of_the_two_estimates() -> None:
+    """Every work item the same size: items and messages cannot be told apart (the fit
+    declines) and the wait is the longer of the two rates' estimates, as before."""
+    fit = CostFit(16)
+    for seconds in (0.1, 0.12, 0.09, 0.11):
+        fit.add(64, 1, seconds)
+    assert fit.costs(256, 4, 0.42) is None
+    load, now = busy_pool(rate_items_s=100.0)
+    load.published(50, 50, now)
+    assert load.expected_wait_s(0, 0) == pytest.approx(0.5)
+
+
+def test_the_fit_splits_time_between_items_and_messages() -> None:
+    fit = CostFit(64)
+    for items in (1, 5, 10, 20, 40, 64) * 3:  # a message 2 ms, an item 1 ms
+        fit.add(items, 1, 0.002 + 0.001 * items)
+    items = 3 * (1 + 5 + 10 + 20 + 40 + 64)
+    costs = fit.costs(items, 18, 18 * 0.002 + 0.001 * items)
+    assert costs == (pytest.approx(0.001), pytest.approx(0.002))
+    # Old rows leave the window: the sums follow the rows kept.
+    for _ in range(64):
+        fit.add(10, 1, 0.02)
+    assert fit.costs(640, 64, 1.28) is None  # one mix again
