@@ -20,6 +20,7 @@ os.environ.setdefault("HERON_MEMORY_THRESHOLD_PERCENT", "99")
 os.environ.setdefault("HERON_WORKERS", "1")
 
 import shutil
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -195,6 +196,15 @@ def config_service(nats_server: NatsServer, tmp_path: Path) -> Iterator[ConfigPr
     """A `heron config` process with a fresh store, on the session's nats-server."""
     service = ConfigProcess(nats_server.url, str(tmp_path / "store"), tmp_path)
     service.wait_ready()
+    # Ready means loaded and connected; a write needs the writer lease, which a config
+    # service stopped by an earlier test on this session's NATS can hold until its TTL
+    # (5 s) runs out (a 503 NOT_LEADER to a test's first write, seen in CI).
+    deadline = time.monotonic() + 20
+    while not httpx.get(service.url + "/healthz", timeout=5).json().get("leader"):
+        if time.monotonic() > deadline:
+            service.stop()
+            raise TimeoutError("the config service did not take the writer lease in 20 s")
+        time.sleep(0.1)
     yield service
     service.stop()
 

@@ -186,8 +186,8 @@ class HotPostHttpTools(ReceivedAtHttpTools):
 
     def _write(self, exchange: HotExchange, response: Response) -> None:
         """The whole response in one write, as uvicorn would have written it."""
-        if exchange.disconnected:
-            exchange.response_complete = True
+        if exchange.disconnected or self.transport.is_closing():
+            exchange.response_complete = True  # nobody to answer
             return
         status = response.status_code
         if self.access_log:
