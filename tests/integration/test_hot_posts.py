@@ -36,7 +36,7 @@ def encode_body(*texts: str) -> bytes:
     return json.dumps({"items": list(texts), "cache": False}).encode()
 
 
-class Answer:
+class RawAnswer:
     def __init__(self, status_line: bytes, headers: list[tuple[bytes, bytes]], body: bytes):
         self.status = int(status_line.split()[1])
         self.status_line = status_line
@@ -70,7 +70,7 @@ class RawClient:
         self.buffer += chunk
         return bool(chunk)
 
-    def answer(self) -> Answer:
+    def answer(self) -> RawAnswer:
         while b"\r\n\r\n" not in self.buffer:
             assert self._fill(), f"connection closed mid-answer: {self.buffer!r}"
         head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
@@ -81,7 +81,7 @@ class RawClient:
         while len(self.buffer) < length:
             assert self._fill(), "connection closed mid-body"
         body, self.buffer = self.buffer[:length], self.buffer[length:]
-        return Answer(status_line, headers, body)
+        return RawAnswer(status_line, headers, body)
 
     def closed_by_server(self) -> bool:
         return self.buffer == b"" and not self._fill()
@@ -90,7 +90,7 @@ class RawClient:
         self.sock.close()
 
 
-def one_exchange(port: int, request: bytes) -> Answer:
+def one_exchange(port: int, request: bytes) -> RawAnswer:
     client = RawClient(port)
     try:
         client.send(request)
