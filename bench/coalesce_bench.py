@@ -13,9 +13,10 @@ one text per request (where coalescing at the gateway matters).
 2. ``messages``: NATS messages a request costs (nats-server's /varz in + out), with
    coalescing and with ``--coalesce-max-items 0``, at 1 and 32 clients (null model).
 3. ``minilm`` (the default bundle, mixed 8-128-token texts): both servers up at once (the
-   idle one costs a heartbeat a second) and their steps interleaved, serve then cluster
-   at 32 and then at 64 clients, ``--rounds`` times; the JSON holds every step and the
-   median ratio of each pair (steps seconds apart, so the machine's drift cancels out).
+   idle one costs a heartbeat a second) and their steps interleaved (serve then cluster,
+   cluster then serve in the next round) at 32 and then at 64 clients, ``--rounds``
+   times; the JSON holds every step and the median ratio of each pair (steps seconds
+   apart, so the machine's drift cancels out).
 
 wrk drives both (one thread). Prints one JSON document and writes DIR/coalesce_bench.json
 (DIR: bench/results/), and DIR/coalesce_bench.png when matplotlib is installed.
@@ -141,8 +142,9 @@ def minilm_part(work: Path, bodies: Path, workers: int, duration: float,
         for index in range(rounds):
             for c in (32, 64):
                 row: dict[str, Any] = {"round": index, "connections": c}
-                for side, url in urls.items():
-                    row[side] = step(url, bodies, c, duration)
+                sides = list(urls) if index % 2 == 0 else list(reversed(urls))
+                for side in sides:  # the order turns each round: drift favours neither
+                    row[side] = step(urls[side], bodies, c, duration)
                 row["ratio"] = round(row["up"]["throughput_rps"]
                                      / row["serve"]["throughput_rps"], 3)
                 row["p99_ratio"] = round(row["up"]["latency_ms"]["p99"]

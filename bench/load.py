@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -69,16 +70,21 @@ def _children_cpu_s() -> float:
 
 def run_wrk(url: str, bodies: Path, *, connections: int, duration_s: float,
             threads: int = 1, timeout_s: float = 30.0,
-            cpus: set[int] | None = None) -> WrkResult:
-    """``cpus``: run wrk on these CPUs only (see bench.cluster_bench --split-cores)."""
+            cpus: set[int] | None = None, phases_path: Path | None = None) -> WrkResult:
+    """``cpus``: run wrk on these CPUs only (see bench.cluster_bench --split-cores).
+    ``phases_path``: write each answer's status and Server-Timing there, a line each
+    (one wrk thread: the threads would share the file)."""
     threads = max(1, min(threads, connections))
+    if phases_path is not None and threads != 1:
+        raise ValueError("phases_path needs one wrk thread")
     cmd = [find_wrk(), f"-t{threads}", f"-c{connections}", f"-d{duration_s:g}s",
            f"--timeout={timeout_s:g}s", "--latency", "-s", str(LUA_SCRIPT), url, "--",
            str(bodies)]
     cpu_before = _children_cpu_s()
+    env = None if phases_path is None else {**os.environ, "HERON_WRK_PHASES": str(phases_path)}
     proc = subprocess.run(cmd, capture_output=True, text=True,
                           timeout=duration_s + timeout_s + 30, check=False,
-                          preexec_fn=on_cpus(cpus))
+                          preexec_fn=on_cpus(cpus), env=env)
     cpu = _children_cpu_s() - cpu_before
     output = proc.stdout + proc.stderr
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)), None)

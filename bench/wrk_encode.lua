@@ -6,6 +6,8 @@
 -- BODIES_FILE holds one JSON request body per line ({"items": ["..."]}). Requests are
 -- formatted once in init(); each wrk thread starts at a different offset. done() prints
 -- one line "HERON_WRK_JSON {...}" (latencies in microseconds) for bench/serve_bench.py.
+-- With HERON_WRK_PHASES=PATH set (one wrk thread), every answer's status and
+-- Server-Timing header are written to PATH, a line each (bench/phase_bench.py).
 
 local prepared = {}
 local next_index = 1
@@ -37,6 +39,20 @@ function request()
   local req = prepared[next_index]
   next_index = next_index % #prepared + 1
   return req
+end
+
+local phases_path = os.getenv("HERON_WRK_PHASES")
+if phases_path ~= nil and phases_path ~= "" then
+  -- Defined only when asked for: wrk hands a script its responses only if it has one.
+  local phases_file = nil
+  function response(status, headers, body)
+    if phases_file == nil then
+      phases_file = io.open(phases_path, "w")
+    end
+    -- wrk keeps header names as sent: uvicorn and Heron's own protocol send lowercase.
+    local timing = headers["server-timing"] or headers["Server-Timing"] or ""
+    phases_file:write(status, " ", timing, "\n")
+  end
 end
 
 function done(summary, latency, requests)
