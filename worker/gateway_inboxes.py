@@ -4,8 +4,9 @@ queued work is terminated, not computed for nobody.
 A work item names its gateway's inbox (``Heron-Reply``). ``GatewayInboxes.deliver`` sends
 the result there as a NATS request: the gateway confirms every result, and the worker acks
 only after that. "No responders" right after a NATS restart can mean the gateway has not
-re-subscribed yet (the worker reconnected first), so it is asked again for a few seconds;
-after that the gateway process is gone: nobody will ever read what is computed for it. Its
+re-subscribed yet (the worker reconnected first), so it is asked again for a few seconds,
+and for ``RECONNECT_GRACE_S`` after the worker's own reconnect; after that the gateway
+process is gone: nobody will ever read what is computed for it. Its
 inbox prefix (one per gateway *process*: heron.runtime.nats_names.inbox_prefix) is
 remembered for ``REMEMBER_S``, and the worker terminates the gateway's other items as it
 fetches them (``gone``), without computing them. While a delivery is still asking, the
@@ -39,6 +40,14 @@ log = logging.getLogger("heron.worker.consumer")
 
 RESULT_ACK_TIMEOUT_S = 2.0
 NO_RESPONDERS_BACKOFF_S = (0.25, 0.5, 1.0, 2.0)
+# For this long after the worker itself reconnected to NATS, "no responders" is asked again
+# (every RECONNECT_GRACE_PAUSE_S) rather than taken for a gone gateway: after a NATS restart
+# every client comes back on its own schedule, and a gateway slower than this worker (a
+# busy host) may not have subscribed again when the asking above runs out (3.75 s). Its
+# work would be terminated, and its requests would wait out their deadlines (a bulk job's
+# shard: 120 s) before they were sent again.
+RECONNECT_GRACE_S = 15.0
+RECONNECT_GRACE_PAUSE_S = 0.5
 # The longest an item for a suspect gateway waits for the verdict: the asking delivery's
 # pauses plus one unanswered request, and a margin.
 SUSPECT_WAIT_S = sum(NO_RESPONDERS_BACKOFF_S) + RESULT_ACK_TIMEOUT_S + 1.0
@@ -124,24 +133,47 @@ class GatewayInboxes:
     until it is answered (``heard``) or gives up (``gone``)."""
 
     def __init__(self, nc: NATS, memory: GoneInboxes | None = None,
-                 max_wait_s: float = SUSPECT_WAIT_S) -> None:
+                 max_wait_s: float = SUSPECT_WAIT_S,
+                 reconnect_grace_s: float = RECONNECT_GRACE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.nc = nc
         self.memory = memory or GoneInboxes()
         self.max_wait_s = max_wait_s
+        self.reconnect_grace_s = reconnect_grace_s
+        self._clock = clock
         self._suspects: dict[str, asyncio.Future[bool]] = {}
+        self._reconnects = self._reconnect_count()
+        self._reconnected_at = float("-inf")
+
+    def _reconnect_count(self) -> int:
+        return int(self.nc.stats.get("reconnects", 0))
+
+    def _after_reconnect(self) -> bool:
+        """Whether this worker's connection came back less than ``reconnect_grace_s`` ago:
+        seen as nats-py counts reconnects, at the first delivery that looks after one (a
+        worker delivers results all the time, so that is close to the reconnect itself)."""
+        count = self._reconnect_count()
+        if count != self._reconnects:
+            self._reconnects, self._reconnected_at = count, self._clock()
+        return self._clock() - self._reconnected_at < self.reconnect_grace_s
 
     async def deliver(self, reply: str, data: bytes) -> Delivery:
         """Send a result and wait for the gateway's confirmation."""
         prefix = inbox_of(reply)
         settled = False
+        self._after_reconnect()  # notes a reconnect as soon as a delivery sees it
+        pauses = iter(NO_RESPONDERS_BACKOFF_S)
         try:
-            for pause in (*NO_RESPONDERS_BACKOFF_S, None):
+            while True:
                 if self.memory.is_gone(prefix):  # another delivery found out meanwhile
                     settled = True
                     return Delivery.GATEWAY_GONE
                 try:
                     await self.nc.request(reply, data, timeout=RESULT_ACK_TIMEOUT_S)
                 except NoRespondersError:
+                    pause = next(pauses, None)
+                    if pause is None and self._after_reconnect():
+                        pause = RECONNECT_GRACE_PAUSE_S
                     if pause is None:
                         log.info("no gateway listens on %s any more; terminating its work",
                                  prefix)
@@ -157,7 +189,6 @@ class GatewayInboxes:
                     self._settle(prefix, gone=False)
                     settled = True
                     return Delivery.CONFIRMED
-            return Delivery.UNCONFIRMED  # not reached: the last pause returns
         finally:
             if not settled:  # no verdict (NATS away, cancelled): whoever waits computes
                 self._release(prefix)
