@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from typing import Any
 from bench.cluster_bench import local_cluster
 from bench.load import run_wrk, write_bodies
 from bench.server import REPO, start_server
-from bench.texts import build_workload
+from bench.texts import build_workload, percentile
 from heron.cli.main import serve_processes, threads_per_process
 
 # The phases a gateway's answer names (gateway/metrics.PHASES, then its total) and those of
@@ -66,11 +65,6 @@ def read_phases(path: Path) -> tuple[list[dict[str, float]], dict[str, int]]:
     return answers, dict(statuses)
 
 
-def _rank(ordered: list[Any], q: float) -> Any:
-    """Nearest-rank percentile of a sorted, non-empty list."""
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
-
-
 def summarize(answers: list[dict[str, float]], slowest: int = SLOWEST) -> dict[str, Any]:
     """Each phase's p50 / p90 / p99 / max over ``answers`` (a phase an answer lacks counts
     as 0 there), and the ``slowest`` work items by their slowest member's total."""
@@ -80,8 +74,8 @@ def summarize(answers: list[dict[str, float]], slowest: int = SLOWEST) -> dict[s
     phases = {}
     for name in [p for p in PHASE_ORDER if p in present]:
         ordered = sorted(answer.get(name, 0.0) for answer in answers)
-        phases[name] = {"p50": _rank(ordered, 50), "p90": _rank(ordered, 90),
-                        "p99": _rank(ordered, 99), "max": ordered[-1]}
+        phases[name] = {"p50": percentile(ordered, 50), "p90": percentile(ordered, 90),
+                        "p99": percentile(ordered, 99), "max": ordered[-1]}
     items: dict[tuple[float, ...], list[dict[str, float]]] = defaultdict(list)
     for answer in answers:
         items[tuple(answer.get(name, 0.0) for name in SHARED_KEY)].append(answer)
@@ -92,7 +86,7 @@ def summarize(answers: list[dict[str, float]], slowest: int = SLOWEST) -> dict[s
             passes[answer["inference"]] += 1
     sizes = sorted(passes.values())
     return {"answers": len(answers), "phases": phases, "requests_per_pass": {
-        "passes": len(sizes), "p50": _rank(sizes, 50), "max": sizes[-1]} if sizes else {},
+        "passes": len(sizes), "p50": percentile(sizes, 50), "max": sizes[-1]} if sizes else {},
         "slowest_work_items": [
         {"members": len(members), **dict(zip(SHARED_KEY, key, strict=True)),
          "total_max": max(a.get("total", 0.0) for a in members)}
@@ -108,11 +102,12 @@ def measure(url: str, bodies: Path, connections: int, duration_s: float, steps: 
         result = run_wrk(url, bodies, connections=connections, duration_s=duration_s,
                          phases_path=path)
         answers, statuses = read_phases(path)
-        row = {"side": side, "step": index, "wrk": result.summary(), "statuses": statuses,
+        wrk = result.summary()
+        row = {"side": side, "step": index, "wrk": wrk, "statuses": statuses,
                **summarize(answers)}
         phases = row["phases"]
-        log(f"{side} step {index}: {result.summary()['throughput_rps']}/s, p99 "
-            f"{result.summary()['latency_ms']['p99']} ms; requests a pass "
+        log(f"{side} step {index}: {wrk['throughput_rps']}/s, p99 "
+            f"{wrk['latency_ms']['p99']} ms; requests a pass "
             f"{row['requests_per_pass'].get('p50')}; phase p99s " + ", ".join(
                 f"{name} {values['p99']:.0f}" for name, values in phases.items()))
         out.append(row)

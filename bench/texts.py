@@ -12,9 +12,12 @@ from __future__ import annotations
 import importlib.util
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 MIN_TOKENS = 8
 MAX_TOKENS = 128
@@ -81,8 +84,8 @@ class Workload:
         }
 
 
-def percentile(ordered: list[int], q: float) -> int:
-    """Nearest-rank percentile of an already sorted list."""
+def percentile(ordered: Sequence[T], q: float) -> T:
+    """Nearest-rank percentile of an already sorted, non-empty sequence."""
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[rank - 1]
 
