@@ -4,7 +4,6 @@ streams with three replicas, each node supervised like any child."""
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from pathlib import Path
 
@@ -14,21 +13,7 @@ import pytest
 
 from heron.runtime.nats_names import POOLS_BUCKET, work_stream
 from tests.integration.test_up import UpProcess
-from tests.support.servers import free_port
-
-
-def free_ports_in_a_row(count: int) -> int:
-    """A port p such that p, p+1, ... p+count-1 are free now (the nodes' client ports)."""
-    for _ in range(200):
-        base = free_port()
-        try:
-            for port in range(base + 1, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {count} free ports in a row")
+from tests.support.servers import free_ports
 
 
 def encode_status(up: UpProcess) -> int:
@@ -39,7 +24,7 @@ def encode_status(up: UpProcess) -> int:
 
 @pytest.mark.slow
 async def test_three_nats_nodes_three_replicas(tmp_path: Path) -> None:
-    base = free_ports_in_a_row(3)
+    base = free_ports(3)
     urls = [f"nats://127.0.0.1:{base + i}" for i in range(3)]
     up = UpProcess(tmp_path, "--nats-nodes", "3", "--workers", "1", nats_port=base)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,10 +18,52 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 
 
+# The ports tests hand out come from a block of their own per pytest process, below the
+# kernel's ephemeral range (32768-60999 on Linux). A port the kernel picks for bind(0) is
+# free when picked, but the other xdist process can be handed the same one before the first
+# server binds it: in CI a `heron serve` child's readiness poll was answered by the other
+# process's in-process gateway on its port, and the image-URL tests talked to that gateway.
+# Inside a block, ports go round in turn, so one handed out is not handed out again soon.
+PORT_BLOCK_FIRST = 12000
+PORT_BLOCK_SIZE = 1000
+PORT_BLOCKS = 20  # 12000-31999
+
+
+def _port_block() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # "gw0", "gw1", ...
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    first = PORT_BLOCK_FIRST + (index % PORT_BLOCKS) * PORT_BLOCK_SIZE
+    return range(first, first + PORT_BLOCK_SIZE)
+
+
+_block = _port_block()
+# A random start keeps two pytest sessions run side by side mostly apart as well.
+_next = random.randrange(len(_block))
+
+
+def free_ports(count: int = 1) -> int:
+    """The first of ``count`` ports in a row, all free now and not handed out lately by
+    this process."""
+    global _next
+    for _ in range(len(_block)):
+        start = _block[0] + _next
+        _next = (_next + count) % (len(_block) - count + 1)
+        if all(_can_bind(port) for port in range(start, start + count)):
+            return start
+    raise RuntimeError(f"no {count} free ports in a row in {_block}")
+
+
 def free_port() -> int:
+    return free_ports(1)
+
+
+def _can_bind(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
