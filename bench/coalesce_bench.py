@@ -6,10 +6,10 @@ one text per request (where coalescing at the gateway matters).
 
 1. ``null`` (bundle null: real tokenization, no model compute): requests/s at 32 clients
    (the median of ``--rounds`` interleaved steps) and p50 at one client, of `heron serve`,
-   `heron up` with the bench's layout (one gateway, as many workers as ``heron serve
-   --workers auto`` runs processes, the cores split between them as `heron serve` splits
-   them) and `heron up` as it starts by default (one worker, all the cores' threads),
-   all three up at once.
+   `heron up` as it starts by default (one gateway, ``--workers auto``: as many workers
+   as ``heron serve --workers auto`` runs processes, the cores split between them) and
+   `heron up --workers 1` (one worker with all the cores' threads, the default before
+   2026-11-29), all three up at once.
 2. ``messages``: NATS messages a request costs (nats-server's /varz in + out), with
    coalescing and with ``--coalesce-max-items 0``, at 1 and 32 clients (null model).
 3. ``minilm`` (the default bundle, mixed 8-128-token texts): both servers up at once (the
@@ -61,8 +61,8 @@ def brief(summary: dict[str, Any]) -> str:
 
 def null_part(work: Path, bodies: Path, workers: int, duration: float,
               rounds: int) -> dict[str, Any]:
-    """`heron serve`, `heron up` with the bench's layout (``workers`` workers, as serve runs
-    processes) and `heron up` as it starts by default (one worker, every core's threads),
+    """`heron serve`, `heron up` as it starts by default (``workers`` workers, as serve runs
+    processes) and `heron up --workers 1` (one worker, every core's threads),
     all up at once; their 32-client steps interleaved ``rounds`` times (the order turning
     each round: the second of a pair ran 10-15% slower on some days), then one 1-client
     step each. Medians over the rounds."""
@@ -70,11 +70,11 @@ def null_part(work: Path, bodies: Path, workers: int, duration: float,
     with start_server(work / "serve-null.log", bundle="null") as server, \
             local_cluster("null", work / "up-null", workers,
                           threads_per_process(workers)) as (gateway, _), \
-            local_cluster("null", work / "up-null-default", 1,
-                          threads_per_process(1)) as (default_gateway, _):
+            local_cluster("null", work / "up-null-one-worker", 1,
+                          threads_per_process(1)) as (one_worker_gateway, _):
         urls = {"serve": f"{server.url}/v1/encode/null-model",
                 "up": f"{gateway}/v1/encode/null-model",
-                "up_default": f"{default_gateway}/v1/encode/null-model"}
+                "up_one_worker": f"{one_worker_gateway}/v1/encode/null-model"}
         for url in urls.values():
             step(url, bodies, 8, 2.0)  # warm-up
         steps: dict[str, list[dict[str, Any]]] = {side: [] for side in urls}
@@ -90,7 +90,7 @@ def null_part(work: Path, bodies: Path, workers: int, duration: float,
             out[side] = {"c1": step(url, bodies, 1, duration), "c32": c32}
             log(f"null, {side}: c1 {brief(out[side]['c1'])}; c32 median "
                 f"{c32['throughput_rps']}/s")
-    for side in ("up", "up_default"):
+    for side in ("up", "up_one_worker"):
         out[f"{side}_to_serve_c32"] = round(out[side]["c32"]["throughput_rps"]
                                             / out["serve"]["c32"]["throughput_rps"], 3)
     return out
@@ -178,8 +178,9 @@ def plot(result: dict[str, Any], path: Path) -> bool:
         null = result["null"]
         bars = [("heron serve", null["serve"]["c32"]["throughput_rps"]),
                 ("heron up", null["up"]["c32"]["throughput_rps"])]
-        if "up_default" in null:
-            bars.append(("heron up\n(default)", null["up_default"]["c32"]["throughput_rps"]))
+        if "up_one_worker" in null:
+            bars.append(("heron up\n(one worker)",
+                         null["up_one_worker"]["c32"]["throughput_rps"]))
         panels.append(("null model\n32 clients", bars))
     for c in (32, 64):
         row = result.get("minilm", {}).get("summary", {}).get(f"c{c}")

@@ -117,6 +117,12 @@ class LocalCluster:
                      "--cluster", f"nats://127.0.0.1:{node.route_port}", "--routes", peers]
         return ChildSpec(node.name, argv, node.port, env=self.nats_env())
 
+    def worker_env(self) -> dict[str, str]:
+        """A worker's environment: its share of the cores (UpOptions.worker_threads)."""
+        if not self.o.worker_threads:
+            return self.env
+        return {**self.env, "HERON_THREADS": str(self.o.worker_threads)}
+
     def nats_env(self) -> dict[str, str]:
         """The nats-servers' environment: GOMAXPROCS set (CPUS_PER_NATS_THREAD) unless the
         operator set it."""
@@ -221,7 +227,8 @@ class LocalCluster:
         child = await spawn(f"worker-{port}", [
             sys.executable, "-m", "heron.cli", "worker", "--nats", self.nats_url, "--pool",
             pool, "--bundle", bundle, "--port", str(port), "--worker-id", worker_id,
-            "--config", self.config_url, "--log-level", self.o.log_level], self.logs, self.env)
+            "--config", self.config_url, "--log-level", self.o.log_level], self.logs,
+            self.worker_env())
         child.pool = pool
         self.workers[worker_id] = child
         kind = "" if pool == self.o.pool else f" for leased pool {pool}"

@@ -22,7 +22,7 @@ from tests.support.servers import REPO, free_port
 
 class UpProcess:
     def __init__(self, tmp: Path, *args: str, nats_port: int | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> None:
         self.port, self.nats_port = free_port(), nats_port or free_port()
         self.log = tmp / "up.log"
         self.data_dir = tmp / "data"
@@ -32,7 +32,8 @@ class UpProcess:
                  "--nats-port", str(self.nats_port), "--config-port", "0", "--data-dir",
                  str(self.data_dir), *args],
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+                env={**{k: v for k, v in os.environ.items() if k not in unset},
+                     "HF_HUB_OFFLINE": "1", **(env or {})})
         self.url = f"http://127.0.0.1:{self.port}"
 
     def children(self) -> list[psutil.Process]:
@@ -120,12 +121,21 @@ def test_scale_from_zero_then_idle_scale_down(tmp_path: Path, http: httpx.Client
 
 
 def test_up_serves_and_stops_without_orphans(tmp_path: Path) -> None:
-    up = UpProcess(tmp_path, "--workers", "1")
+    # As a user starts it: no --workers, no HERON_WORKERS (the suite sets it to 1), so
+    # --workers auto: as many single-thread workers as heron serve runs processes.
+    up = UpProcess(tmp_path, unset=("HERON_WORKERS",))
+    workers = 1 if Path("/dev/nvidiactl").exists() else min(usable_cpus(), 4)
     try:
         up.wait_for(lambda: httpx.get(up.url + "/readyz", timeout=1).status_code == 200
-                    and up.healthy_workers() == 1)
+                    and up.healthy_workers() == workers)
         names = " ".join(up.child_commands())
         assert "nats-server" in names and " gateway " in names and " worker " in names
+        # The cores split between the workers, as heron serve splits them between its
+        # processes (torch's default would give each worker a thread per core).
+        threads = os.environ.get("HERON_THREADS") or str(max(1, usable_cpus() // workers))
+        started = up.children_with(" worker ")
+        assert len(started) == workers
+        assert {w.environ().get("HERON_THREADS") for w in started} == {threads}
         # nats-server shares the cores with the model: a Go thread per 4 usable CPUs.
         (nats_server,) = up.children_with("nats-server")
         assert nats_server.environ()["GOMAXPROCS"] == os.environ.get(

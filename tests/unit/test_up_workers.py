@@ -1,0 +1,44 @@
+"""`heron up --workers`: a number or auto, and each worker's share of the cores."""
+
+from __future__ import annotations
+
+import pytest
+
+from heron.cli import up
+from heron.cli.main import build_parser, usable_cpus
+
+
+def test_a_number_is_taken_as_it_is_and_zero_waits_for_the_first_request() -> None:
+    assert up.start_workers("3") == 3
+    assert up.start_workers("0") == 0
+
+
+@pytest.mark.parametrize("value", ["-1", "two", "1.5", ""])
+def test_anything_else_is_refused_naming_the_flag(value: str) -> None:
+    with pytest.raises(SystemExit, match=r"heron up: --workers .*a number >= 0, or auto"):
+        up.start_workers(value)
+
+
+def test_auto_follows_heron_serve_on_cpu_and_is_one_on_cuda(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HERON_DEVICE", "cpu")
+    assert up.start_workers("auto") == min(usable_cpus(), 4)
+    monkeypatch.setenv("HERON_DEVICE", "cuda")
+    assert up.start_workers("auto") == 1
+
+
+def test_the_cores_are_split_unless_heron_threads_says(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HERON_THREADS", raising=False)
+    assert up.worker_threads(1) == usable_cpus()
+    assert up.worker_threads(0) == usable_cpus()  # the first worker, on demand, alone
+    assert up.worker_threads(usable_cpus() * 2) == 1  # never under one thread
+    monkeypatch.setenv("HERON_THREADS", "3")
+    assert up.worker_threads(2) == 0  # the workers read the operator's own setting
+
+
+def test_the_flag_defaults_to_heron_workers_then_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HERON_WORKERS", raising=False)
+    assert build_parser().parse_args(["up"]).workers == "auto"
+    monkeypatch.setenv("HERON_WORKERS", "2")
+    assert build_parser().parse_args(["up"]).workers == "2"
