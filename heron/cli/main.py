@@ -438,8 +438,6 @@ def configure_logs(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "command", None) == "up" and args.min_workers is None:
-        args.min_workers = args.workers
     try:
         configure_logs(args)
         return args.func(args)
