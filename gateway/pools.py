@@ -215,9 +215,14 @@ class GatewayPools:
         try:
             yield
         except (nats.errors.Error, TimeoutError) as exc:
-            log.warning("pools write failed on NATS: %r", exc)
+            log.warning("pools write failed on NATS: %s", exc)
+            # JetStream's own words where it gave some: a bare ServerError once hid why a
+            # lease's stream (1 GiB reserved) did not fit a JetStream limited to 1.88 GB
+            # by a nearly full disk.
+            said = getattr(exc, "description", None)
             raise self._nats_unavailable(
-                f"NATS did not complete the pools write: {type(exc).__name__}") from exc
+                f"NATS did not complete the pools write: {type(exc).__name__}"
+                + (f" ({said})" if said else "")) from exc
 
 
 def _checked(body: Any, known: frozenset[str]) -> Any:
