@@ -29,10 +29,22 @@ CLUSTER_NAME = "heron-local"
 NVIDIA_DEVICE = "/dev/nvidiactl"  # the driver's control device, on any host with a GPU
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now, never one this process handed out before: the kernel may give a
+    port whose probe socket just closed to the next bind(0) too, and a clean-clone run
+    once got the config service's port again for a NATS node's routes (heron up then
+    refused to start, as it should with two services on one port)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise OSError("no free port that heron up has not handed out already")
 
 
 def port_in_use(host: str, port: int) -> bool:
