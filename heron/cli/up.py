@@ -177,7 +177,7 @@ def add_up_parser(sub: argparse._SubParsersAction, func: object) -> None:
     up.set_defaults(func=func)
 
 
-def start_workers(workers: str) -> int:
+def workers_to_start(workers: str) -> int:
     """``--workers``: a number (0: none until the first request), or auto: as many as
     `heron serve --workers auto` runs processes. On 2 cores, two single-thread workers made
     92% / 104% of `heron serve`'s MiniLM requests/s at 32 / 64 clients, one worker with
@@ -215,7 +215,7 @@ def run_up(args: argparse.Namespace) -> int:
         print("heron up: --nats uses a running NATS; --nats-nodes is for one heron up starts",
               file=sys.stderr)
         return 2
-    workers = start_workers(args.workers)
+    workers = workers_to_start(args.workers)
     options = UpOptions(
         host=args.host, port=args.port, nats_port=args.nats_port, nats_nodes=args.nats_nodes,
         nats=args.nats, data_dir=Path(args.data_dir), bundle=args.bundle,

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from heron.cli.main import usable_cpus
+from heron.cli.up import NVIDIA_DEVICE
 from heron_sdk import Client
 from tests.support.servers import REPO, free_port
 
@@ -124,7 +125,7 @@ def test_up_serves_and_stops_without_orphans(tmp_path: Path) -> None:
     # As a user starts it: no --workers, no HERON_WORKERS (the suite sets it to 1), so
     # --workers auto: as many single-thread workers as heron serve runs processes.
     up = UpProcess(tmp_path, unset=("HERON_WORKERS",))
-    workers = 1 if Path("/dev/nvidiactl").exists() else min(usable_cpus(), 4)
+    workers = 1 if Path(NVIDIA_DEVICE).exists() else min(usable_cpus(), 4)
     try:
         up.wait_for(lambda: httpx.get(up.url + "/readyz", timeout=1).status_code == 200
                     and up.healthy_workers() == workers)

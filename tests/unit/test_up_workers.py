@@ -9,22 +9,22 @@ from heron.cli.main import build_parser, usable_cpus
 
 
 def test_a_number_is_taken_as_it_is_and_zero_waits_for_the_first_request() -> None:
-    assert up.start_workers("3") == 3
-    assert up.start_workers("0") == 0
+    assert up.workers_to_start("3") == 3
+    assert up.workers_to_start("0") == 0
 
 
 @pytest.mark.parametrize("value", ["-1", "two", "1.5", ""])
 def test_anything_else_is_refused_naming_the_flag(value: str) -> None:
     with pytest.raises(SystemExit, match=r"heron up: --workers .*a number >= 0, or auto"):
-        up.start_workers(value)
+        up.workers_to_start(value)
 
 
 def test_auto_follows_heron_serve_on_cpu_and_is_one_on_cuda(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HERON_DEVICE", "cpu")
-    assert up.start_workers("auto") == min(usable_cpus(), 4)
+    assert up.workers_to_start("auto") == min(usable_cpus(), 4)
     monkeypatch.setenv("HERON_DEVICE", "cuda")
-    assert up.start_workers("auto") == 1
+    assert up.workers_to_start("auto") == 1
 
 
 def test_the_cores_are_split_unless_heron_threads_says(
