@@ -169,6 +169,11 @@ class WorkerHealth:
             del self._workers[worker_id]
         return [w for w in self._workers.values() if pool is None or w.pool == pool]
 
+    def was_healthy_at(self, pool: str, moment: float) -> bool:
+        """Whether a worker of ``pool`` said ready in a beat within the heartbeat timeout
+        before ``moment`` (or in any beat since): the pool was warm then."""
+        return any(w.ready and w.received > moment - self.timeout_s for w in self.workers(pool))
+
     def healthy(self, pool: str) -> list[WorkerBeat]:
         return [w for w in self.workers(pool) if self.is_healthy(w)]
 

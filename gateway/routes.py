@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import socket
 import time
@@ -154,7 +153,6 @@ class GatewayApp:
         self.status_page: ClusterStatusPage | None = None  # set by build()
         self._status_since = 0.0
         self._grace_s = self.settings.startup_grace_s  # from _status_since, for a first beat
-        self._warm_before: frozenset[str] = frozenset()  # pools ready when NATS went away
 
     # ---- NATS set-up ---------------------------------------------------------------------
     async def declare_streams(self, nc: NatsClient, js: JetStreamContext) -> None:
@@ -184,15 +182,11 @@ class GatewayApp:
         # Heartbeats went stale while NATS was away: give workers time to beat again before
         # calling a warm pool cold (202). A worker reconnects on its own schedule (0.5 s
         # between tries) and then beats within a second; on a loaded host that took over
-        # 3 s (202s in CI's NATS restart test with the heartbeat timeout as the grace). A
-        # pool with a healthy worker when the connection was lost waits reconnect_grace_s
-        # for it; any other pool, the heartbeat timeout.
+        # 3 s (202s in CI's NATS restart test with the heartbeat timeout as the grace).
+        # _grace_left_s gives a pool that was warm when the connection was lost
+        # reconnect_grace_s; any other pool, the heartbeat timeout.
         self._status_since = time.monotonic()
-        self._grace_s = max(self.settings.startup_grace_s, self.health.timeout_s)
-        lost = self.link.disconnected_at
-        fresh = -math.inf if lost is None else lost - self.health.timeout_s
-        self._warm_before = frozenset(w.pool for w in self.health.workers()
-                                      if w.ready and w.received > fresh)
+        self._grace_s = self._reconnect_grace_s()
         await self.pools.start(js)  # watch the pools bucket afresh: leases may have ended
         await self.jobs.loop.watch()  # and the jobs bucket
         await self.declare_streams(nc, js)
@@ -284,14 +278,32 @@ class GatewayApp:
         has passed (or the request's ``deadline``, monotonic), 202 PROVISIONING."""
         pool = route.pool
         if not self.health.has_capacity(pool):
-            grace = max(self._grace_s, self.settings.reconnect_grace_s) \
-                if pool in self._warm_before else self._grace_s
-            grace -= time.monotonic() - self._status_since
+            grace = self._grace_left_s(pool)
             if deadline is not None:
                 grace = min(grace, deadline - time.monotonic())
             if not await self.health.wait_for_capacity(pool, grace):
                 await self._provisioning(route)
         self.demand.satisfied(pool)
+
+    def _reconnect_grace_s(self) -> float:
+        return max(self.settings.startup_grace_s, self.health.timeout_s)
+
+    def _grace_left_s(self, pool: str) -> float:
+        """How much longer a request for ``pool``, which has no healthy worker, waits for a
+        beat: the grace runs from the last (re)connect, reconnect_grace_s for a pool that
+        was warm when NATS went away."""
+        now = time.monotonic()
+        since, grace = self._status_since, self._grace_s
+        lost = self.link.disconnected_at
+        if lost is not None and lost >= since:
+            # NATS is back (ensure_nats returned) and _after_reconnect has not run yet: the
+            # client says it is connected a round trip before it calls back. Under load 7 of
+            # 64 requests that waited out an outage took that window (CI) and got 202 for a
+            # warm pool. The grace starts now.
+            since, grace = now, self._reconnect_grace_s()
+        if lost is not None and self.health.was_healthy_at(pool, lost):
+            grace = max(grace, self.settings.reconnect_grace_s)
+        return grace - (now - since)
 
     async def _provisioning(self, route: ModelRoute) -> None:
         pool, s = route.pool, self.settings
