@@ -151,8 +151,7 @@ class GatewayApp:
                                 nats_unavailable=self.dispatcher.nats_unavailable)
         self._subscribed = False
         self.status_page: ClusterStatusPage | None = None  # set by build()
-        self._status_since = 0.0
-        self._grace_s = self.settings.startup_grace_s  # from _status_since, for a first beat
+        self._status_since = 0.0  # the last (re)connect's set-up: the grace runs from it
 
     # ---- NATS set-up ---------------------------------------------------------------------
     async def declare_streams(self, nc: NatsClient, js: JetStreamContext) -> None:
@@ -186,7 +185,6 @@ class GatewayApp:
         # _grace_left_s gives a pool that was warm when the connection was lost
         # reconnect_grace_s; any other pool, the heartbeat timeout.
         self._status_since = time.monotonic()
-        self._grace_s = self._reconnect_grace_s()
         await self.pools.start(js)  # watch the pools bucket afresh: leases may have ended
         await self.jobs.loop.watch()  # and the jobs bucket
         await self.declare_streams(nc, js)
@@ -285,23 +283,22 @@ class GatewayApp:
                 await self._provisioning(route)
         self.demand.satisfied(pool)
 
-    def _reconnect_grace_s(self) -> float:
-        return max(self.settings.startup_grace_s, self.health.timeout_s)
-
     def _grace_left_s(self, pool: str) -> float:
         """How much longer a request for ``pool``, which has no healthy worker, waits for a
-        beat: the grace runs from the last (re)connect, reconnect_grace_s for a pool that
-        was warm when NATS went away."""
+        beat. The grace runs from the last (re)connect: startup_grace_s after the first; after
+        a reconnect at least the heartbeat timeout, reconnect_grace_s for a pool that was warm
+        when NATS went away."""
         now = time.monotonic()
-        since, grace = self._status_since, self._grace_s
         lost = self.link.disconnected_at
-        if lost is not None and lost >= since:
-            # NATS is back (ensure_nats returned) and _after_reconnect has not run yet: the
-            # client says it is connected a round trip before it calls back. Under load 7 of
-            # 64 requests that waited out an outage took that window (CI) and got 202 for a
-            # warm pool. The grace starts now.
-            since, grace = now, self._reconnect_grace_s()
-        if lost is not None and self.health.was_healthy_at(pool, lost):
+        if lost is None:
+            return self.settings.startup_grace_s - (now - self._status_since)
+        # NATS is back (ensure_nats returned) but _after_reconnect may not have run yet: the
+        # client says it is connected a round trip before it calls back. Under load 7 of 64
+        # requests that waited out an outage took that window (CI) and got 202 for a warm
+        # pool. A reconnect the hook has not seen starts the grace now.
+        since = now if lost >= self._status_since else self._status_since
+        grace = max(self.settings.startup_grace_s, self.health.timeout_s)
+        if self.health.was_healthy_at(pool, lost):
             grace = max(grace, self.settings.reconnect_grace_s)
         return grace - (now - since)
 

@@ -60,7 +60,6 @@ def test_after_the_reconnect_hook_the_grace_runs_from_the_reconnect(
         gateway: GatewayApp) -> None:
     lost_nats(gateway, connected_s_ago=60, beat_before_loss_s=0.5, lost_s_ago=8)
     gateway._status_since = time.monotonic() - 4  # the hook ran 4 s after the loss
-    gateway._grace_s = gateway._reconnect_grace_s()
     assert RECONNECT_GRACE_S - 4.5 < gateway._grace_left_s("warm") <= RECONNECT_GRACE_S - 4
     assert gateway._grace_left_s("cold") < 0  # 3 s from the reconnect: spent, 202 at once
 

@@ -42,4 +42,3 @@ def test_the_flag_defaults_to_heron_workers_then_auto(monkeypatch: pytest.Monkey
     assert build_parser().parse_args(["up"]).workers == "auto"
     monkeypatch.setenv("HERON_WORKERS", "2")
     assert build_parser().parse_args(["up"]).workers == "2"
-
