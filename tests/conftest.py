@@ -34,6 +34,7 @@ from hypothesis import settings
 
 from heron.gateway.settings import GatewaySettings
 from tests.parity import reference_build
+from tests.support import local_http
 from tests.support.cluster_procs import ConfigProcess
 from tests.support.gateway_harness import GatewayThread, start_worker, unique
 from tests.support.nats_server import NatsServer
@@ -200,7 +201,7 @@ def config_service(nats_server: NatsServer, tmp_path: Path) -> Iterator[ConfigPr
     # service stopped by an earlier test on this session's NATS can hold until its TTL
     # (5 s) runs out (a 503 NOT_LEADER to a test's first write, seen in CI).
     deadline = time.monotonic() + 20
-    while not httpx.get(service.url + "/healthz", timeout=5).json().get("leader"):
+    while not local_http.get(service.url + "/healthz", timeout=5).json().get("leader"):
         if time.monotonic() > deadline:
             service.stop()
             raise TimeoutError("the config service did not take the writer lease in 20 s")

@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 
 from tests.faults.traffic import Answer, reference, texts_for
+from tests.support import local_http
 from tests.support.cluster_procs import ChildProcess, GatewayProcess, WorkerProcess
 
 
@@ -45,7 +46,7 @@ def unique_pool() -> str:
 def healthy_workers(gateway: GatewayProcess, pool: str) -> int | None:
     """What the gateway's /readyz says of the pool now (None: no answer)."""
     try:
-        ready = httpx.get(gateway.url + "/readyz", timeout=2).json()
+        ready = local_http.get(gateway.url + "/readyz", timeout=2).json()
         return int(ready["pools"][pool]["healthy_workers"])
     except (httpx.HTTPError, KeyError, ValueError):
         return None

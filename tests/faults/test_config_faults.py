@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.faults.harness import show
+from tests.support import local_http
 from tests.support.config_procs import (
     LeaderConfigProcess,
     model_body,
@@ -116,8 +117,8 @@ def test_config_service_kill_9_during_admin_posts(nats_url: str, tmp_path: Path)
                    "unclear": log.unclear[:5], "longest_post_s": round(log.longest_s, 2),
                    "recovered_after_s": round(min(after_kill) - killed, 2)
                    if after_kill else None}
-        export = httpx.get(f"{service.url}/v1/configs/export", headers=service.headers,
-                           timeout=10).json()
+        export = local_http.get(f"{service.url}/v1/configs/export", headers=service.headers,
+                                timeout=10).json()
         missing = [m for m in log.acked if m not in export["models"]]
         figures.update(epoch=export["epoch"], missing=missing)
         show("config_kill_9", figures)

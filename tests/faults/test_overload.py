@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import math
 
-import httpx
 import pytest
 
 from tests.faults.harness import Rig, show
@@ -23,6 +22,7 @@ from tests.faults.traffic import (
     summary,
     wrong,
 )
+from tests.support import local_http
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -54,8 +54,8 @@ def test_ten_times_overload_is_refused_fast(healthy_rig: Rig) -> None:
     ok = [a for a in answers if a.status == 200]
     refused = [a for a in answers if a.status in (429, 503)]
     late = [a for a in ok if a.took > DEADLINE_S + SLACK_S]
-    after = httpx.post(f"{rig.gateway.url}/v1/encode/minilm",
-                       json={"items": ["right after"], "timeout_s": DEADLINE_S}, timeout=30)
+    after = local_http.post(f"{rig.gateway.url}/v1/encode/minilm",
+                            json={"items": ["right after"], "timeout_s": DEADLINE_S}, timeout=30)
     figures = {**summary(answers, ref), "capacity_per_s": capacity, "sent": count,
                "overload": round(count / (capacity * DEADLINE_S), 1),
                "concurrency": CONCURRENCY, "ok_latency": latency(ok),

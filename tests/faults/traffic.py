@@ -20,6 +20,7 @@ import numpy as np
 
 from heron_sdk import AsyncClient, HeronError
 from tests.faults.rawhttp import HttpConnection
+from tests.support import local_http
 
 MODEL = "minilm"
 ATOL = 1e-5  # fp32 in every test process (tests/conftest.py): stable across batch compositions
@@ -63,7 +64,7 @@ class Answer:
 
 def reference(url: str, texts: list[str], timeout_s: float = 120) -> np.ndarray:
     """Every text's vector, asked of the healthy cluster before any fault (one request)."""
-    r = httpx.post(f"{url}/v1/encode/{MODEL}", json={"items": texts}, timeout=timeout_s)
+    r = local_http.post(f"{url}/v1/encode/{MODEL}", json={"items": texts}, timeout=timeout_s)
     assert r.status_code == 200, r.text
     return np.array([item["dense"] for item in r.json()["items"]], dtype=np.float32)
 

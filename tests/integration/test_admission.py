@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from tests.support import local_http
 from tests.support.servers import ServerProcess, start_serve
 
 pytestmark = pytest.mark.slow
@@ -37,8 +38,8 @@ def small_queue_server(tmp_path_factory: pytest.TempPathFactory) -> ServerProces
 
 def test_a_request_bigger_than_the_queue_bound_runs_when_the_queue_is_empty(
         small_queue_server: ServerProcess) -> None:
-    r = httpx.post(small_queue_server.url + "/v1/encode/minilm-8",
-                   json={"items": [f"text {n}" for n in range(9)]}, timeout=60)
+    r = local_http.post(small_queue_server.url + "/v1/encode/minilm-8",
+                        json={"items": [f"text {n}" for n in range(9)]}, timeout=60)
     assert r.status_code == 200, r.text
     assert len(r.json()["items"]) == 9
 
@@ -48,8 +49,8 @@ def test_a_request_that_cannot_finish_in_time_is_refused_at_once(
     url = small_queue_server.url + "/v1/encode/minilm-batch-8"
     for n in range(12):  # forward passes to measure the model's rate by (new texts: a
         # repeated one would come from the result cache, without a forward pass)
-        assert httpx.post(url, json={"items": [f"warm {n}", f"up {n}"]},
-                          timeout=60).status_code == 200
+        assert local_http.post(url, json={"items": [f"warm {n}", f"up {n}"]},
+                               timeout=60).status_code == 200
 
     async def scenario() -> tuple[httpx.Response, float, httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as client:

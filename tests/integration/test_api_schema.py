@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import msgpack
 import msgpack_numpy
 import pytest
@@ -38,7 +37,7 @@ from heron.gateway.settings import GatewaySettings
 from heron.runtime.front import INFERENCE_OPERATIONS
 from heron.runtime.openapi import ApiOperation, openapi_document
 from heron_sdk.results import jsonable
-from tests.support import config_procs
+from tests.support import config_procs, local_http
 from tests.support.gateway_harness import GatewayThread, unique, write_bundles
 from tests.support.nats_server import NatsServer
 
@@ -81,7 +80,7 @@ def _msgpack_answer(ctx: Any, response: Any) -> Any:
 def served_document(url: str, operations: tuple[ApiOperation, ...], title: str
                     ) -> dict[str, Any]:
     """The server's /openapi.json, checked to be the document of its declared operations."""
-    served = httpx.get(url + "/openapi.json", timeout=30).json()
+    served = local_http.get(url + "/openapi.json", timeout=30).json()
     expected = openapi_document(operations, title=title, version=served["info"]["version"])
     assert served == json.loads(json.dumps(expected))
     return served
@@ -284,17 +283,17 @@ def test_a_provisioning_answer_is_documented(cold_gateway_url: str, media_type: 
 
 
 def test_docs_page_serves_swagger_ui_from_the_package(base_url: str) -> None:
-    page = httpx.get(base_url + "/docs", timeout=30)
+    page = local_http.get(base_url + "/docs", timeout=30)
     assert page.status_code == 200
     assert page.headers["content-type"].startswith("text/html")
     assert "http://" not in page.text and "https://" not in page.text  # no CDN
     assert 'url: "openapi.json"' in page.text
     for asset in ("swagger-ui.css", "swagger-ui-bundle.js", "swagger-ui-standalone-preset.js"):
         assert f'"docs/{asset}"' in page.text
-        answer = httpx.get(f"{base_url}/docs/{asset}", timeout=30)
+        answer = local_http.get(f"{base_url}/docs/{asset}", timeout=30)
         assert answer.status_code == 200, asset
         assert len(answer.content) > 1000
-    missing = httpx.get(base_url + "/docs/no-such-asset.js", timeout=30)
+    missing = local_http.get(base_url + "/docs/no-such-asset.js", timeout=30)
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "NOT_FOUND"
 

@@ -10,9 +10,9 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import local_http
 from tests.support.cluster_procs import ChildProcess, ConfigProcess, GatewayProcess, WorkerProcess
 from tests.support.nats_server import NatsServer
 from tests.support.servers import start_serve
@@ -33,12 +33,12 @@ def test_sigterm_stops_every_server_with_exit_0_and_no_traceback(
             child.wait_ready()
         body = {"items": ["stop cleanly"], "timeout_s": 30}
         deadline = time.monotonic() + 30
-        while httpx.post(gateway.url + "/v1/encode/minilm", json=body,
-                         timeout=30).status_code != 200:  # through NATS and the worker
+        while local_http.post(gateway.url + "/v1/encode/minilm", json=body,
+                              timeout=30).status_code != 200:  # through NATS and the worker
             assert time.monotonic() < deadline, gateway.log_tail()
             time.sleep(0.2)
-        assert httpx.post(serve.url + "/v1/encode/minilm", json=body).status_code == 200
-        assert httpx.get(config.url + "/v1/configs/epoch").status_code == 200
+        assert local_http.post(serve.url + "/v1/encode/minilm", json=body).status_code == 200
+        assert local_http.get(config.url + "/v1/configs/epoch").status_code == 200
 
         for child in children:
             child.proc.send_signal(signal.SIGTERM)

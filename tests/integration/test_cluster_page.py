@@ -21,13 +21,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from heron.gateway.settings import GatewaySettings
 from heron.gateway.status_page import MAX_CLIENTS
+from tests.support import local_http
 from tests.support.gateway_harness import GatewayThread, start_worker, unique
 from tests.support.nats_server import NatsServer
 from tests.support.servers import ServerProcess
@@ -115,7 +115,7 @@ def start_job(gateway: GatewayThread, root: Path, name: str) -> tuple[str, str]:
     lines[5] = "{not json"
     (root / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
     output = f"file://{root}/{name}.parquet"
-    r = httpx.post(gateway.url + "/v1/jobs", timeout=10, json={
+    r = local_http.post(gateway.url + "/v1/jobs", timeout=10, json={
         "model": JOB_MODEL,
         "input": {"uri": f"file://{root}/{name}.jsonl", "format": "jsonl", "id_field": "id"},
         "output": {"uri": output, "format": "parquet"}})
@@ -141,8 +141,8 @@ def test_feed_shows_the_worker_its_throughput_and_a_job(gateway: GatewayThread,
         models = {m["id"]: m for m in snapshot["models"]}
         assert models[NULL_MODEL]["state"] == "ready"
 
-        r = httpx.post(gateway.url + "/v1/encode/null-model",
-                       json={"items": [f"text {i}" for i in range(300)]}, timeout=30)
+        r = local_http.post(gateway.url + "/v1/encode/null-model",
+                            json={"items": [f"text {i}" for i in range(300)]}, timeout=30)
         assert r.status_code == 200, r.text
         snapshot = snapshot_where(
             ws, lambda s: workers_of(s)[me]["throughput_items_per_s"] > 0, 10)
@@ -237,7 +237,7 @@ def test_bad_clients_do_not_break_the_feed(gateway: GatewayThread) -> None:
             return False  # closed 1013 (full) until the vanished clients are noticed
 
     wait_for(a_fresh_client_is_served, 15, "a new client gets snapshots")
-    assert httpx.get(gateway.url + "/readyz", timeout=5).status_code == 200
+    assert local_http.get(gateway.url + "/readyz", timeout=5).status_code == 200
 
 
 # ---- the page, read by a person (headless Chromium) --------------------------------------
@@ -308,8 +308,8 @@ def test_page_shows_the_worker_then_shows_it_gone(gateway: GatewayThread,
     wait_for(lambda: (c := row_cells(browser, "models", NULL_MODEL)) and "ready" in c, 10,
              "the null model shown ready")
 
-    r = httpx.post(gateway.url + "/v1/encode/null-model",
-                   json={"items": [f"text {i}" for i in range(500)]}, timeout=30)
+    r = local_http.post(gateway.url + "/v1/encode/null-model",
+                        json={"items": [f"text {i}" for i in range(500)]}, timeout=30)
     assert r.status_code == 200, r.text
     wait_for(lambda: (c := row_cells(browser, "pools", pool)) and float(c[P_RATE]) > 0, 10,
              "the pool's throughput shown")

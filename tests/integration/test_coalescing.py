@@ -14,6 +14,7 @@ import numpy as np
 from nats.js.errors import NotFoundError
 
 from heron.runtime.nats_names import WORK_STREAM_PREFIX, Lane, lane_consumer
+from tests.support import local_http
 from tests.support.nats_server import NatsServer
 
 MODEL = "minilm"
@@ -39,7 +40,7 @@ def test_concurrent_small_requests_share_work_items_and_get_their_own_answers(
     # earlier tests' requests, which can be a few small ones (gateway/admission.py).
     bodies = [{"items": [{"text": f"text {n}: the heron waits " * (1 + n % 4), "id": f"i{n}"}
                          for _ in range(1 + n % 3)], "timeout_s": 300} for n in range(48)]
-    before = httpx.get(cluster_url + "/metrics").text
+    before = local_http.get(cluster_url + "/metrics").text
     answers = asyncio.run(_burst(cluster_url, bodies))
     for answer in answers:
         assert answer.status_code == 200, answer.text
@@ -47,7 +48,7 @@ def test_concurrent_small_requests_share_work_items_and_get_their_own_answers(
     # can beat that ack back: the last group may be counted just after its answers.
     deadline = time.monotonic() + 5
     while True:
-        after = httpx.get(cluster_url + "/metrics").text
+        after = local_http.get(cluster_url + "/metrics").text
         groups = (_metric(after, "heron_gateway_coalesced_requests_count")
                   - _metric(before, "heron_gateway_coalesced_requests_count"))
         shared = (_metric(after, "heron_gateway_coalesced_requests_sum")
@@ -82,9 +83,9 @@ def test_a_bad_request_fails_alone_and_its_neighbours_are_answered(
                 for n in range(24)]
         bad = {"items": ["fine", too_long], "truncate": False}
         bodies = [*good[:12], bad, *good[12:]]
-        before = httpx.get(cluster_url + "/metrics").text
+        before = local_http.get(cluster_url + "/metrics").text
         answers = asyncio.run(_burst(cluster_url, bodies))
-        after = httpx.get(cluster_url + "/metrics").text
+        after = local_http.get(cluster_url + "/metrics").text
         failed = answers[12]
         assert failed.status_code == 422, failed.text
         error = failed.json()["error"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import local_http
 from tests.support.cluster_procs import ConfigProcess, GatewayProcess, WorkerProcess
 from tests.support.nats_server import NatsServer
 from tests.support.tcp_proxy import TcpProxy
@@ -42,7 +43,7 @@ def listing(gateway: GatewayProcess) -> str:
     parts = []
     for path in ("/v1/models", "/readyz"):
         try:
-            r = httpx.get(gateway.url + path, timeout=5)
+            r = local_http.get(gateway.url + path, timeout=5)
             parts.append(f"GET {path}: {r.status_code} {r.text[:2000]}")
         except httpx.HTTPError as exc:
             parts.append(f"GET {path}: {exc!r}")
@@ -50,7 +51,7 @@ def listing(gateway: GatewayProcess) -> str:
 
 
 def model_ids(gateway: GatewayProcess) -> set[str]:
-    r = httpx.get(gateway.url + "/v1/models", timeout=5)
+    r = local_http.get(gateway.url + "/v1/models", timeout=5)
     return {m["id"] for m in r.json()["data"]} if r.status_code == 200 else set()
 
 
@@ -68,8 +69,8 @@ def test_post_routes_within_a_second_and_serves_without_restart(
         assert "sentence-transformers/all-MiniLM-L6-v2" in model_ids(gateway)
         model_id = f"live/{uuid.uuid4().hex[:6]}"
         posted = time.monotonic()
-        r = httpx.post(config_service.url + "/v1/configs/models",
-                       json=tiny_config(model_id, tiny_models["tiny-sentencepiece"]))
+        r = local_http.post(config_service.url + "/v1/configs/models",
+                            json=tiny_config(model_id, tiny_models["tiny-sentencepiece"]))
         assert r.status_code == 201, r.text
         wait(lambda: model_id in model_ids(gateway), timeout_s=10)
         routed_after = time.monotonic() - posted
@@ -77,14 +78,14 @@ def test_post_routes_within_a_second_and_serves_without_restart(
         assert routed_after < 2.0
         # The worker loads it live; the gateway's answer comes from it.
         def encoded() -> bool:
-            resp = httpx.post(gateway.url + f"/v1/encode/{model_id}",
-                              json={"items": ["hello live model"]}, timeout=30)
+            resp = local_http.post(gateway.url + f"/v1/encode/{model_id}",
+                                   json={"items": ["hello live model"]}, timeout=30)
             return resp.status_code == 200 and len(resp.json()["items"][0]["dense"]) == 32
         wait(encoded, timeout_s=60, every=0.3)
 
         # Built from heartbeats (one a second): the beat after the load says ready.
         def status() -> dict:
-            return httpx.get(gateway.url + f"/v1/configs/models/{model_id}/status").json()
+            return local_http.get(gateway.url + f"/v1/configs/models/{model_id}/status").json()
 
         wait(lambda: status().get("workers", [{}])[0].get("state") == "ready", timeout_s=5)
         final = status()
@@ -108,8 +109,8 @@ def test_late_and_cut_off_gateways_converge(nats_server: NatsServer, config_serv
         proxy.cut()  # this gateway loses NATS: it will miss every delta below
         ids = [f"batch/{uuid.uuid4().hex[:6]}-{i}" for i in range(10)]
         for model_id in ids:
-            r = httpx.post(config_service.url + "/v1/configs/models",
-                           json=tiny_config(model_id, tiny_models["tiny-dense-cls"]))
+            r = local_http.post(config_service.url + "/v1/configs/models",
+                                json=tiny_config(model_id, tiny_models["tiny-dense-cls"]))
             assert r.status_code == 201, r.text
         late = GatewayProcess(nats_server.url, {"default": pool}, tmp_path,
                               extra_args=["--config", config_service.url, *INFO_LOGS],
@@ -122,9 +123,9 @@ def test_late_and_cut_off_gateways_converge(nats_server: NatsServer, config_serv
             wait(lambda: set(ids) <= model_ids(cut_off), timeout_s=30,
                  explain=lambda: listing(cut_off))
             assert model_ids(late) == model_ids(cut_off)
-            epoch = httpx.get(config_service.url + "/v1/configs/epoch").json()["epoch"]
+            epoch = local_http.get(config_service.url + "/v1/configs/epoch").json()["epoch"]
             for gw in (late, cut_off):
-                status = httpx.get(gw.url + f"/v1/configs/models/{ids[-1]}/status").json()
+                status = local_http.get(gw.url + f"/v1/configs/models/{ids[-1]}/status").json()
                 assert status.get("epoch") == epoch, status
         finally:
             late.stop()
@@ -151,12 +152,12 @@ def test_followers_need_the_admin_token_for_export(nats_server: NatsServer,
         # Without the token the export is refused: the gateway stays not ready, and says
         # so instead of answering "unknown model".
         time.sleep(1.5)
-        assert httpx.get(without.url + "/readyz").status_code == 503
-        r = httpx.post(without.url + "/v1/encode/minilm", json={"items": ["x"]})
+        assert local_http.get(without.url + "/readyz").status_code == 503
+        r = local_http.post(without.url + "/v1/encode/minilm", json={"items": ["x"]})
         assert r.status_code == 503 and r.json()["error"]["code"] == "NOT_READY"
         # An inference key is no admin token: it cannot write configs.
-        r = httpx.post(service.url + "/v1/configs/models", json={"id": "x/y"},
-                       headers={"authorization": "Bearer some-inference-key"})
+        r = local_http.post(service.url + "/v1/configs/models", json={"id": "x/y"},
+                            headers={"authorization": "Bearer some-inference-key"})
         assert r.status_code == 403
     finally:
         with_token.stop()

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import local_http
 from tests.support.cluster_procs import ChildProcess
 from tests.support.config_procs import ADMIN, own_nats, wait_status, write_bundles
 
@@ -37,11 +38,11 @@ class Config:
         wait_status(self.url, 30, leader=True, proc=self.proc.proc)
 
     def post(self, body: dict[str, Any]) -> httpx.Response:
-        return httpx.post(f"{self.url}/v1/configs/models", json=body, headers=HEADERS,
-                          timeout=30)
+        return local_http.post(f"{self.url}/v1/configs/models", json=body, headers=HEADERS,
+                               timeout=30)
 
     def get(self, path: str) -> httpx.Response:
-        return httpx.get(f"{self.url}{path}", headers=HEADERS, timeout=30)
+        return local_http.get(f"{self.url}{path}", headers=HEADERS, timeout=30)
 
     def stop(self) -> None:
         self.proc.stop()

@@ -8,10 +8,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from heron.runtime.nats_names import config_all_subject
+from tests.support import local_http
 from tests.support.config_procs import (
     LeaderConfigProcess,
     model_body,
@@ -62,9 +62,9 @@ def test_one_writer_and_takeover(nats_url: str, tmp_path: Path) -> None:
         assert int(refused.headers["retry-after"]) >= 1
         assert leader.post(model_body("org/one")).status_code == 201
         # The standby follows the store: its reads catch up without a write of its own.
-        wait_for(lambda: httpx.get(f"{standby.url}/v1/configs/epoch").json()["epoch"] == 1,
+        wait_for(lambda: local_http.get(f"{standby.url}/v1/configs/epoch").json()["epoch"] == 1,
                  10, "the standby did not see epoch 1")
-        assert httpx.get(f"{standby.url}/v1/configs/models/org/one").status_code == 200
+        assert local_http.get(f"{standby.url}/v1/configs/models/org/one").status_code == 200
 
         leader.stop(signal.SIGKILL)
         took = wait_for(lambda: standby.status()["leader"], 4 * TTL_S + 2,

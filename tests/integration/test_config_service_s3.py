@@ -15,6 +15,7 @@ import pytest
 
 from heron.config_service.blobs import S3Blobs
 from heron.config_service.store import ConfigStore
+from tests.support import local_http
 from tests.support.config_procs import InProcessConfig, MotoS3, model_body, own_nats, write_bundles
 
 pytestmark = pytest.mark.timeout(180)
@@ -88,7 +89,7 @@ def test_missing_bucket_is_not_ready(s3_env: Any, nats_url: str, tmp_path: Path)
         status: dict[str, Any] = {}
         while time.monotonic() < deadline and not status.get("last_error"):
             try:
-                r = httpx.get(f"{service.url}/readyz", timeout=2)
+                r = local_http.get(f"{service.url}/readyz", timeout=2)
                 status = r.json()
             except httpx.HTTPError:
                 pass

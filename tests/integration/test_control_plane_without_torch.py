@@ -17,8 +17,7 @@ import sys
 import uuid
 from pathlib import Path
 
-import httpx
-
+from tests.support import local_http
 from tests.support.cluster_procs import ConfigProcess, GatewayProcess
 from tests.support.model_stack import without_model_stack
 from tests.support.nats_server import NatsServer
@@ -35,12 +34,12 @@ def test_gateway_and_config_service_serve_without_torch(nats_server: NatsServer,
         gateway = GatewayProcess(nats_server.url, {"default": pool}, tmp_path,
                                  extra_args=["--config", service.url], extra_env=env)
         gateway.wait_ready()
-        models = httpx.get(gateway.url + "/v1/models", timeout=10).json()
+        models = local_http.get(gateway.url + "/v1/models", timeout=10).json()
         assert "sentence-transformers/all-MiniLM-L6-v2" in str(models)
-        r = httpx.post(gateway.url + "/v1/encode/minilm", json={"items": ["hello"]},
-                       timeout=10)
+        r = local_http.post(gateway.url + "/v1/encode/minilm", json={"items": ["hello"]},
+                            timeout=10)
         assert r.status_code == 202 and "retry-after" in r.headers, r.text
-        exported = httpx.get(service.url + "/v1/configs/epoch", timeout=10)
+        exported = local_http.get(service.url + "/v1/configs/epoch", timeout=10)
         assert exported.status_code == 200
     finally:
         if gateway is not None:

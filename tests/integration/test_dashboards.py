@@ -6,8 +6,7 @@ import importlib.util
 import json
 import re
 
-import httpx
-
+from tests.support import local_http
 from tests.support.cluster_procs import ConfigProcess
 from tests.support.servers import REPO
 
@@ -51,11 +50,11 @@ def test_every_queried_metric_is_exported(cluster_url: str, base_url: str,
                                           config_service: ConfigProcess) -> None:
     # One request each way, so labelled series exist too.
     for url in (cluster_url, base_url):
-        assert httpx.post(f"{url}/v1/encode/minilm", json={"items": ["dashboards"]},
-                          timeout=30).status_code == 200
+        assert local_http.post(f"{url}/v1/encode/minilm", json={"items": ["dashboards"]},
+                               timeout=30).status_code == 200
     exported: set[str] = set()
     for url in (cluster_url, base_url, config_service.url):
-        exported |= exported_names(httpx.get(f"{url}/metrics", timeout=10).text)
+        exported |= exported_names(local_http.get(f"{url}/metrics", timeout=10).text)
     queried = {name for board in load_generator().DASHBOARDS.values()
                for panel in board["panels"] for target in panel["targets"]
                for name in METRIC.findall(target["expr"])}

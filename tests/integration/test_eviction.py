@@ -9,12 +9,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import yaml
 
 from heron_sdk import Client
+from tests.support import local_http
 from tests.support.servers import REPO, ServerProcess, start_serve
 
 ROTATING = ["t/a", "t/b", "t/c"]
@@ -72,14 +72,14 @@ def test_three_models_rotate_under_a_budget_for_two(budget_server: ServerProcess
                     first[model] = vec
                 else:  # a reloaded model answers exactly as before
                     np.testing.assert_allclose(vec, first[model], atol=1e-6)
-                text = httpx.get(budget_server.url + "/metrics").text
+                text = local_http.get(budget_server.url + "/metrics").text
                 assert metric(text, "heron_worker_model_memory_bytes") <= tiny_size * 2.5
-    text = httpx.get(budget_server.url + "/metrics").text
+    text = local_http.get(budget_server.url + "/metrics").text
     # Each call after the first two needed an eviction: 10 of the 12.
     assert metric(text, "heron_worker_model_evictions_total", reason="budget") >= 10
     errors = sum(metric(text, "heron_worker_requests_total", status=s) for s in ("500", "502"))
     assert errors == 0
-    states = {m["id"]: m["state"] for m in httpx.get(budget_server.url + "/v1/models").json()
+    states = {m["id"]: m["state"] for m in local_http.get(budget_server.url + "/v1/models").json()
               ["data"]}
     assert sorted(s for m, s in states.items() if m in ROTATING) == \
         ["not_loaded", "ready", "ready"]
@@ -101,22 +101,22 @@ def test_a_busy_model_is_never_evicted(budget_server: ServerProcess) -> None:
         client.encode("t/c", ["needs room"])
         thread.join(60)
         assert results == [300, 300, 300]
-        evicted = httpx.get(budget_server.url + "/v1/models/t/b").json()["state"]
+        evicted = local_http.get(budget_server.url + "/v1/models/t/b").json()["state"]
         assert evicted == "not_loaded"  # b went, though a was older: a was busy
 
 
 def test_a_model_that_cannot_fit_is_a_transient_503(budget_server: ServerProcess) -> None:
-    r = httpx.post(budget_server.url + "/v1/encode/minilm", json={"items": ["too big"]},
-                   timeout=30)
+    r = local_http.post(budget_server.url + "/v1/encode/minilm", json={"items": ["too big"]},
+                        timeout=30)
     deadline = time.monotonic() + 30
     while r.status_code == 503 and r.json()["error"]["code"] == "MODEL_LOADING":
         assert time.monotonic() < deadline
         time.sleep(0.2)
-        r = httpx.post(budget_server.url + "/v1/encode/minilm", json={"items": ["too big"]})
+        r = local_http.post(budget_server.url + "/v1/encode/minilm", json={"items": ["too big"]})
     assert r.status_code == 503, r.text
     assert r.json()["error"]["code"] == "INSUFFICIENT_MEMORY"
     assert "budget" in r.json()["error"]["message"] and int(r.headers["retry-after"]) >= 1
-    model = httpx.get(budget_server.url + "/v1/models/minilm").json()
+    model = local_http.get(budget_server.url + "/v1/models/minilm").json()
     assert model["state"] == "not_loaded"  # not "failed": it is tried again later
 
 
@@ -127,17 +127,17 @@ def test_idle_models_are_evicted_and_come_back(tmp_path: Path,
     try:
         with Client(server.url, timeout=30) as client:
             before = client.encode("t/a", ["idle soon"]).dense
-            evicted = metric(httpx.get(server.url + "/metrics").text,
+            evicted = metric(local_http.get(server.url + "/metrics").text,
                              "heron_worker_model_evictions_total", model="t/a", reason="idle")
             deadline = time.monotonic() + 15
             while client.get_model("t/a")["state"] == "ready":
                 assert time.monotonic() < deadline, "never evicted"
                 time.sleep(0.3)
-            text = httpx.get(server.url + "/metrics").text
+            text = local_http.get(server.url + "/metrics").text
             assert metric(text, "heron_worker_model_evictions_total", model="t/a",
                           reason="idle") == evicted + 1
             # The next request waits for the reload: no 503 for an evicted model.
-            r = httpx.post(server.url + "/v1/encode/t/a", json={"items": ["idle soon"]})
+            r = local_http.post(server.url + "/v1/encode/t/a", json={"items": ["idle soon"]})
             assert r.status_code == 200, r.text
             np.testing.assert_allclose(client.encode("t/a", ["idle soon"]).dense, before,
                                        atol=1e-6)

@@ -30,7 +30,7 @@ from bench.fuzz import (
 from heron.config_service.routes import CONFIG_OPERATIONS
 from heron.gateway.routes import GATEWAY_OPERATIONS
 from heron.runtime.front import INFERENCE_OPERATIONS
-from tests.support import config_procs
+from tests.support import config_procs, local_http
 from tests.support.nats_server import NatsServer
 
 # 300 bodies a server at 4 at a time: about 10-20 s each on 2 busy cores.
@@ -69,7 +69,7 @@ def test_the_gateway_answers_no_5xx_to_a_fuzz_slice(cluster_url: str) -> None:
                                  time_limit_s=120))
     finally:  # the leases its valid bodies made (names fuzz-0 to fuzz-7)
         for i in range(8):
-            httpx.delete(f"{cluster_url}/v1/pools/fuzz-{i}", timeout=30)
+            local_http.delete(f"{cluster_url}/v1/pools/fuzz-{i}", timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -114,13 +114,13 @@ def error_of(r: httpx.Response) -> tuple[int, str, str | None]:
     ("/v1/extract/tiny-ner", {"items": ["a"], "top_n": 3}),
 ])
 def test_an_unknown_field_is_a_422_naming_it(base_url: str, path: str, body: dict) -> None:
-    r = httpx.post(base_url + path, json=body, timeout=60)
+    r = local_http.post(base_url + path, json=body, timeout=60)
     assert error_of(r) == (422, "INVALID_FIELD", "top_n")
     assert r.json()["error"]["message"].startswith("unknown field 'top_n'; known: ")
 
 
 def test_an_unknown_field_is_openais_400_naming_it_on_embeddings(base_url: str) -> None:
-    r = httpx.post(base_url + "/v1/embeddings", json={"model": "minilm", "input": "a",
+    r = local_http.post(base_url + "/v1/embeddings", json={"model": "minilm", "input": "a",
                                                       "top_n": 3}, timeout=60)
     error = r.json()["error"]
     assert (r.status_code, error["code"], error["param"]) == (400, "invalid_field", "top_n")
@@ -128,10 +128,10 @@ def test_an_unknown_field_is_openais_400_naming_it_on_embeddings(base_url: str) 
 
 
 def test_unknown_fields_are_refused_through_the_gateway_too(cluster_url: str) -> None:
-    r = httpx.post(cluster_url + "/v1/encode/minilm",
-                   json={"items": [{"text": "a", "metadata": {}}]}, timeout=60)
+    r = local_http.post(cluster_url + "/v1/encode/minilm",
+                        json={"items": [{"text": "a", "metadata": {}}]}, timeout=60)
     assert error_of(r) == (422, "INVALID_FIELD", "items[0].metadata")
-    r = httpx.post(cluster_url + "/v1/pools", json={"name": "fz", "bundle": "test",
+    r = local_http.post(cluster_url + "/v1/pools", json={"name": "fz", "bundle": "test",
                                                     "replicas": 2}, timeout=60)
     assert error_of(r) == (422, "INVALID_FIELD", "replicas")
 
@@ -139,59 +139,59 @@ def test_unknown_fields_are_refused_through_the_gateway_too(cluster_url: str) ->
 def test_nan_timeout_in_msgpack_is_a_422_not_a_504(base_url: str, cluster_url: str) -> None:
     for url in (base_url, cluster_url):
         for value in (math.nan, math.inf):
-            r = httpx.post(url + "/v1/encode/minilm",
-                           content=msgpack.packb({"items": ["a"], "timeout_s": value}),
-                           headers={"Content-Type": "application/msgpack",
+            r = local_http.post(url + "/v1/encode/minilm",
+                                content=msgpack.packb({"items": ["a"], "timeout_s": value}),
+                                headers={"Content-Type": "application/msgpack",
                                     "Accept": "application/json"}, timeout=60)
             assert error_of(r) == (422, "INVALID_FIELD", "timeout_s"), url
             assert r.json()["error"]["message"] == "timeout_s: must be a finite number"
-    r = httpx.post(cluster_url + "/v1/pools", content=msgpack.packb(
+    r = local_http.post(cluster_url + "/v1/pools", content=msgpack.packb(
         {"name": "fz", "bundle": "test", "ttl_s": math.nan}),
         headers={"Content-Type": "application/msgpack", "Accept": "application/json"})
     assert error_of(r) == (422, "INVALID_FIELD", "ttl_s")
 
 
 def test_nan_threshold_in_msgpack_is_a_422(base_url: str) -> None:
-    r = httpx.post(base_url + "/v1/extract/tiny-ner",
-                   content=msgpack.packb({"items": ["a"], "threshold": math.nan}),
-                   headers={"Content-Type": "application/msgpack", "Accept": "application/json"},
-                   timeout=60)
+    r = local_http.post(base_url + "/v1/extract/tiny-ner",
+                        content=msgpack.packb({"items": ["a"], "threshold": math.nan}),
+                        headers={"Content-Type": "application/msgpack",
+                                 "Accept": "application/json"}, timeout=60)
     assert error_of(r) == (422, "INVALID_FIELD", "threshold")
 
 
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
 def test_a_json_nan_literal_is_refused(base_url: str, literal: bytes) -> None:
-    r = httpx.post(base_url + "/v1/encode/minilm",
-                   content=b'{"items": ["a"], "timeout_s": ' + literal + b"}",
-                   headers={"Content-Type": "application/json"}, timeout=60)
+    r = local_http.post(base_url + "/v1/encode/minilm",
+                        content=b'{"items": ["a"], "timeout_s": ' + literal + b"}",
+                        headers={"Content-Type": "application/json"}, timeout=60)
     assert error_of(r)[:2] == (400, "MALFORMED_BODY")
 
 
 def test_a_numpy_object_array_in_a_request_is_refused_unopened(base_url: str) -> None:
     evil = {b"nd": True, b"type": "|O", b"kind": b"O", b"shape": [1],
             b"data": pickle.dumps(["unpickled"])}
-    r = httpx.post(base_url + "/v1/encode/minilm",
-                   content=msgpack.packb({"items": evil}, use_bin_type=True),
-                   headers={"Content-Type": "application/msgpack", "Accept": "application/json"},
-                   timeout=60)
+    r = local_http.post(base_url + "/v1/encode/minilm",
+                        content=msgpack.packb({"items": evil}, use_bin_type=True),
+                        headers={"Content-Type": "application/msgpack",
+                                 "Accept": "application/json"}, timeout=60)
     assert error_of(r) == (422, "INVALID_FIELD", "items")
 
 
 @pytest.mark.parametrize("raw", [b"[" * 5000 + b"]" * 5000, b"- " * 5000 + b"x"])
 def test_yaml_nested_5000_deep_is_a_400_like_json(config_url: str, raw: bytes) -> None:
     url = config_url + "/v1/configs/models"
-    yaml_answer = httpx.post(url, content=raw, headers={**AUTH, "Content-Type":
+    yaml_answer = local_http.post(url, content=raw, headers={**AUTH, "Content-Type":
                                                         "application/yaml"}, timeout=60)
-    json_answer = httpx.post(url, content=b"[" * 5000 + b"]" * 5000,
-                             headers={**AUTH, "Content-Type": "application/json"}, timeout=60)
+    json_answer = local_http.post(url, content=b"[" * 5000 + b"]" * 5000,
+                                  headers={**AUTH, "Content-Type": "application/json"}, timeout=60)
     assert error_of(yaml_answer)[:2] == error_of(json_answer)[:2] == (400, "MALFORMED_BODY")
-    assert httpx.get(config_url + "/healthz", timeout=10).status_code == 200
+    assert local_http.get(config_url + "/healthz", timeout=10).status_code == 200
 
 
 def test_yaml_nan_in_a_config_is_a_422(config_url: str) -> None:
     raw = b"id: org/fz\nsource: {hub: org/fz}\nprofiles: {default: {max_wait_ms: .nan}}\n"
-    r = httpx.post(config_url + "/v1/configs/models", content=raw,
-                   headers={**AUTH, "Content-Type": "application/yaml"}, timeout=60)
+    r = local_http.post(config_url + "/v1/configs/models", content=raw,
+                        headers={**AUTH, "Content-Type": "application/yaml"}, timeout=60)
     assert error_of(r) == (422, "INVALID_FIELD", "profiles.default.max_wait_ms")
     assert r.json()["error"]["message"].endswith("must be a finite number")
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from tests.support import local_http
 from tests.support.gateway_harness import FakeWorker, GatewayThread, fake_vector, unique
 from tests.support.nats_server import NatsServer
 
@@ -23,8 +24,8 @@ def test_a_burst_of_small_requests_after_a_big_one_is_admitted(
     gateway = GatewayThread(nats_server.url, {"default": pool}).start()
     try:
         gateway.wait_for_capacity(pool, 10)
-        big = httpx.post(gateway.url + "/v1/encode/minilm", timeout=60,
-                         json={"items": [f"big {n}" for n in range(256)], "cache": False})
+        big = local_http.post(gateway.url + "/v1/encode/minilm", timeout=60,
+                              json={"items": [f"big {n}" for n in range(256)], "cache": False})
         assert big.status_code == 200, big.text
 
         async def client(http: httpx.AsyncClient, n: int) -> list[tuple[int, str, Any]]:

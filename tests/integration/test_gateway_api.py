@@ -19,6 +19,7 @@ from heron.runtime.nats_names import demand_subject, work_stream
 from heron_sdk import wire
 from heron_sdk.client import Client
 from heron_sdk.types import MAX_BODY_BYTES, MAX_ITEMS_PER_REQUEST
+from tests.support import local_http
 from tests.support.gateway_harness import (
     FakeWorker,
     GatewayThread,
@@ -304,7 +305,7 @@ def test_no_healthy_worker_is_202_with_demand(cluster: Cluster) -> None:
     assert body["status"] == "provisioning" and body["pool"] == pool
     assert body["bundle"] == "cold" and body["estimated_wait_s"] > 0
     assert demand["pool"] == pool and demand["bundle"] == "cold" and demand["ts"] > 0
-    text = httpx.get(cluster.url + "/metrics").text
+    text = local_http.get(cluster.url + "/metrics").text
     assert metric(text, "heron_gateway_pending_demand", pool=pool) >= 1
     assert metric(text, "heron_gateway_requests_total", route="encode", model="cold/dense",
                   status="202") >= 1
@@ -342,8 +343,8 @@ def test_backlog_past_the_bound_is_429(cluster: Cluster) -> None:
     assert int(second.headers["retry-after"]) >= 1
     assert first.status_code == 504  # nobody answers the stuck pool
     # once the backlog is gone, the pool takes work again (and times out again)
-    r = httpx.post(cluster.url + "/v1/encode/stuck-dense",
-                   json={"items": ["z"] * 60, "timeout_s": 0.2})
+    r = local_http.post(cluster.url + "/v1/encode/stuck-dense",
+                        json={"items": ["z"] * 60, "timeout_s": 0.2})
     assert r.status_code == 504
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import httpx
-
+from tests.support import local_http
 from tests.support.cluster_procs import GatewayProcess
 from tests.support.nats_server import NatsServer
 
@@ -17,20 +16,20 @@ def test_api_keys(nats_server: NatsServer, tmp_path: Path) -> None:
     try:
         gateway.wait_ready()  # /readyz is open
         url = gateway.url
-        assert httpx.get(url + "/healthz").status_code == 200
-        assert httpx.get(url + "/metrics").status_code == 200
+        assert local_http.get(url + "/healthz").status_code == 200
+        assert local_http.get(url + "/metrics").status_code == 200
         body = {"items": ["x"]}
-        none = httpx.post(url + "/v1/encode/minilm", json=body)
+        none = local_http.post(url + "/v1/encode/minilm", json=body)
         assert none.status_code == 401 and none.json()["error"]["code"] == "UNAUTHORIZED"
-        wrong = httpx.post(url + "/v1/encode/minilm", json=body,
-                           headers={"authorization": "Bearer nope"})
+        wrong = local_http.post(url + "/v1/encode/minilm", json=body,
+                                headers={"authorization": "Bearer nope"})
         assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "FORBIDDEN"
-        assert httpx.get(url + "/v1/models").status_code == 401
-        ok = httpx.get(url + "/v1/models", headers={"authorization": "Bearer key-b"})
+        assert local_http.get(url + "/v1/models").status_code == 401
+        ok = local_http.get(url + "/v1/models", headers={"authorization": "Bearer key-b"})
         assert ok.status_code == 200
         # A valid key gets past auth (no worker in this pool, so: provisioning).
-        r = httpx.post(url + "/v1/encode/minilm", json=body,
-                       headers={"authorization": "Bearer key-a"}, timeout=10)
+        r = local_http.post(url + "/v1/encode/minilm", json=body,
+                            headers={"authorization": "Bearer key-a"}, timeout=10)
         assert r.status_code == 202
     finally:
         gateway.stop()

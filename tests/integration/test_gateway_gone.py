@@ -15,6 +15,7 @@ import nats
 import pytest
 
 from heron.runtime.nats_names import Header, work_consumer, work_stream, work_subjects
+from tests.support import local_http
 from tests.support.cluster_procs import GatewayProcess, WorkerProcess
 from tests.support.nats_server import NatsServer
 
@@ -27,7 +28,7 @@ IN_FLIGHT_BOUND = 2 * (64 + 16 + 64)
 
 def metric(worker: WorkerProcess, name: str, **labels: str) -> float:
     total = 0.0
-    for line in httpx.get(worker.url + "/metrics", timeout=10).text.splitlines():
+    for line in local_http.get(worker.url + "/metrics", timeout=10).text.splitlines():
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
@@ -45,8 +46,8 @@ def test_work_of_a_gateway_killed_9_is_terminated_not_computed(
         gateway.wait_ready()
         body = {"items": ["warm up"], "timeout_s": 60}
         deadline = time.monotonic() + 30
-        while httpx.post(gateway.url + "/v1/encode/minilm", json=body,
-                         timeout=60).status_code != 200:
+        while local_http.post(gateway.url + "/v1/encode/minilm", json=body,
+                              timeout=60).status_code != 200:
             assert time.monotonic() < deadline, gateway.log_tail()
             time.sleep(0.2)
         figures = asyncio.run(_kill_with_work_queued(nats_server.url, pool, worker, gateway))
@@ -64,7 +65,7 @@ def test_work_of_a_gateway_killed_9_is_terminated_not_computed(
         gateway.restart()
         gateway.wait_ready()
         started = time.monotonic()
-        r = httpx.post(gateway.url + "/v1/encode/minilm", json=body, timeout=60)
+        r = local_http.post(gateway.url + "/v1/encode/minilm", json=body, timeout=60)
         assert r.status_code == 200, r.text
         assert time.monotonic() - started < 3.0  # not held back as a suspect
     finally:

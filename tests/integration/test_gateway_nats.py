@@ -13,6 +13,7 @@ import pytest
 
 from heron.gateway.settings import GatewaySettings
 from tests.integration.test_gateway_api import last_seq
+from tests.support import local_http
 from tests.support.gateway_harness import (
     FakeWorker,
     GatewayThread,
@@ -26,7 +27,7 @@ from tests.support.nats_server import NatsServer
 def wait_ready(url: str, timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if httpx.get(url + "/readyz").status_code == 200:
+        if local_http.get(url + "/readyz").status_code == 200:
             return
         time.sleep(0.1)
     raise AssertionError(f"{url} not ready after {timeout_s}s")
@@ -47,28 +48,28 @@ def test_nats_down_is_a_503_after_the_reconnect_wait_and_the_gateway_reconnects(
     gateway = GatewayThread(own_nats.url, {"b": pool}, root,
                             GatewaySettings(startup_grace_s=2.0)).start()
     try:
-        ok = httpx.post(gateway.url + "/v1/encode/b-dense", json={"items": ["hello"]})
+        ok = local_http.post(gateway.url + "/v1/encode/b-dense", json={"items": ["hello"]})
         assert ok.status_code == 200, ok.text
 
         own_nats.stop()
         time.sleep(0.3)  # the client notices the closed socket
         for _ in range(3):
             started = time.monotonic()
-            r = httpx.post(gateway.url + "/v1/encode/b-dense", json={"items": ["hello"]},
-                           timeout=10)
+            r = local_http.post(gateway.url + "/v1/encode/b-dense", json={"items": ["hello"]},
+                                timeout=10)
             # It waits nats_reconnect_wait_s (2 s) for a reconnect, then answers 503.
             assert 1.5 < time.monotonic() - started < 3.5
             assert r.status_code == 503 and r.json()["error"]["code"] == "NATS_UNAVAILABLE"
             assert int(r.headers["retry-after"]) >= 1
-        assert httpx.get(gateway.url + "/readyz").status_code == 503
-        assert httpx.get(gateway.url + "/healthz").status_code == 200
+        assert local_http.get(gateway.url + "/readyz").status_code == 503
+        assert local_http.get(gateway.url + "/healthz").status_code == 200
 
         own_nats.start()
         wait_ready(gateway.url)
         deadline = time.monotonic() + 15
         while True:  # the worker reconnects and beats again on its own schedule
-            r = httpx.post(gateway.url + "/v1/encode/b-dense", json={"items": ["again"]},
-                           timeout=10)
+            r = local_http.post(gateway.url + "/v1/encode/b-dense", json={"items": ["again"]},
+                                timeout=10)
             if r.status_code == 200 or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
@@ -86,7 +87,7 @@ def test_work_queued_before_a_restart_is_answered_after_it(own_nats: NatsServer,
     idle = FakeWorker(own_nats.url, pool, "b", answer=False).start()  # beats, never pulls
     gateway = GatewayThread(own_nats.url, {"b": pool}, root).start()
     responses: list[httpx.Response] = []
-    request = threading.Thread(target=lambda: responses.append(httpx.post(
+    request = threading.Thread(target=lambda: responses.append(local_http.post(
         gateway.url + "/v1/encode/b-dense", json={"items": ["kept", "safe"], "timeout_s": 30},
         timeout=40)))
     worker = None
@@ -131,8 +132,8 @@ def test_after_an_outage_a_warm_pool_waits_for_its_late_worker_and_a_cold_one_do
 
     def ask() -> None:
         started = time.monotonic()
-        r = httpx.post(gateway.url + "/v1/encode/b-dense",
-                       json={"items": ["late"], "timeout_s": 30}, timeout=40)
+        r = local_http.post(gateway.url + "/v1/encode/b-dense",
+                            json={"items": ["late"], "timeout_s": 30}, timeout=40)
         answers.append((r, time.monotonic() - started))
 
     request = threading.Thread(target=ask)
@@ -150,12 +151,12 @@ def test_after_an_outage_a_warm_pool_waits_for_its_late_worker_and_a_cold_one_do
         time.sleep(max(0.0, 3.5 - (time.monotonic() - silent_since)))
         request.start()
         started = time.monotonic()
-        r = httpx.post(gateway.url + "/v1/encode/c-dense", json={"items": ["x"]}, timeout=10)
+        r = local_http.post(gateway.url + "/v1/encode/c-dense", json={"items": ["x"]}, timeout=10)
         assert r.status_code == 202 and r.json()["pool"] == cold, r.text
         assert time.monotonic() - started < 5.0  # what is left of the 3 s, not of 20 s
         short = time.monotonic()  # the warm pool's wait ends at the request's deadline
-        r = httpx.post(gateway.url + "/v1/encode/b-dense",
-                       json={"items": ["short"], "timeout_s": 1.0}, timeout=10)
+        r = local_http.post(gateway.url + "/v1/encode/b-dense",
+                            json={"items": ["short"], "timeout_s": 1.0}, timeout=10)
         assert r.status_code == 202 and r.json()["pool"] == warm, r.text
         assert 0.9 < time.monotonic() - short < 3.0
         time.sleep(max(0.0, 3.5 - (time.monotonic() - started)))
@@ -182,17 +183,17 @@ def test_gateway_starts_without_nats_and_becomes_ready_when_it_appears(
     server = NatsServer(tmp_path / "nats")
     gateway = GatewayThread(server.url, {"default": unique("pool")}).start(wait_ready=False)
     try:
-        assert httpx.get(gateway.url + "/healthz").status_code == 200
-        ready = httpx.get(gateway.url + "/readyz")
+        assert local_http.get(gateway.url + "/healthz").status_code == 200
+        ready = local_http.get(gateway.url + "/readyz")
         assert ready.status_code == 503 and ready.headers["retry-after"]
         assert ready.json()["nats_connected"] is False
         started = time.monotonic()
-        r = httpx.post(gateway.url + "/v1/encode/minilm", json={"items": ["a"]})
+        r = local_http.post(gateway.url + "/v1/encode/minilm", json={"items": ["a"]})
         assert r.status_code == 503 and r.json()["error"]["code"] == "NATS_UNAVAILABLE"
         assert r.headers["retry-after"] and time.monotonic() - started < 1.0
         server.start()
         deadline = time.monotonic() + 15
-        while httpx.get(gateway.url + "/readyz").status_code != 200:
+        while local_http.get(gateway.url + "/readyz").status_code != 200:
             assert time.monotonic() < deadline, "gateway never connected"
             time.sleep(0.1)
     finally:

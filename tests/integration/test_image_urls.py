@@ -29,6 +29,7 @@ import yaml
 from heron.gateway.settings import GatewaySettings
 from heron_sdk import Client, Item, wire
 from heron_sdk.images import MAX_IMAGE_BYTES
+from tests.support import local_http
 from tests.support.gateway_harness import GatewayThread, start_worker, unique
 from tests.support.nats_server import NatsServer
 from tests.support.servers import ServerProcess, free_port, start_serve
@@ -276,8 +277,8 @@ def test_a_gateway_refuses_urls_by_default(nats_server: NatsServer,
                                            images: ImageServer) -> None:
     gateway = GatewayThread(nats_server.url, {}).start(wait_ready=False)
     try:
-        r = httpx.post(gateway.url + CLIP, json={"items": [{"image": f"{images.base}/d.png"}]},
-                       timeout=30)
+        r = local_http.post(gateway.url + CLIP, json={"items": [{"image": f"{images.base}/d.png"}]},
+                            timeout=30)
         message = refusal(r, 422, "IMAGE_URL_REFUSED", "items[0].image")
         assert "HERON_IMAGE_URL_HOSTS" in message
         assert "/d.png" not in images.paths()

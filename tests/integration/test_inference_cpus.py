@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from heron.worker.cpus import parse_cpu_list
+from tests.support import local_http
 from tests.support.model_stack import without_model_stack
 from tests.support.servers import REPO, start_serve
 
@@ -35,8 +35,8 @@ def test_auto_puts_the_inference_thread_alone_on_the_first_cpu(tmp_path: Path) -
         "--workers", "1", "--threads", "1", "--inference-cpus", "auto"])
     try:
         for i in range(5):
-            r = httpx.post(f"{server.url}/v1/encode/null-model", json={"items": [f"t {i}"]},
-                           timeout=30)
+            r = local_http.post(f"{server.url}/v1/encode/null-model", json={"items": [f"t {i}"]},
+                                timeout=30)
             assert r.status_code == 200
         threads = thread_cpus(server.proc.pid)
         assert threads[server.proc.pid] == rest  # the event loop: off the model's CPU

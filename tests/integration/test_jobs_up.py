@@ -19,6 +19,7 @@ import pytest
 
 from heron_sdk import Client
 from tests.integration.test_up import UpProcess
+from tests.support import local_http
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -35,7 +36,7 @@ def child(up: UpProcess, mark: str) -> psutil.Process:
 def job_info(up: UpProcess, job_id: str) -> dict[str, Any] | None:
     """The job as any gateway answers (None while the gateway or NATS is away)."""
     try:
-        answer = httpx.get(f"{up.url}/v1/jobs/{job_id}", timeout=3)
+        answer = local_http.get(f"{up.url}/v1/jobs/{job_id}", timeout=3)
     except httpx.HTTPError:
         return None
     return answer.json() if answer.status_code == 200 else None
@@ -54,7 +55,7 @@ def wait_for(up: UpProcess, what: str, check: Any, timeout_s: float) -> Any:
 
 def ready_workers(up: UpProcess) -> int:
     try:
-        ready = httpx.get(up.url + "/readyz", timeout=2)
+        ready = local_http.get(up.url + "/readyz", timeout=2)
     except httpx.HTTPError:
         return 0
     if ready.status_code != 200:

@@ -23,6 +23,7 @@ import pytest
 import torch
 import yaml
 
+from tests.support import local_http
 from tests.support.cluster_procs import ChildProcess, ConfigProcess, GatewayProcess
 from tests.support.nats_server import NatsServer
 from tests.support.servers import ServerProcess, start_serve
@@ -138,7 +139,7 @@ def server(tmp_path_factory: pytest.TempPathFactory,
 
 
 def encode(url: str, model: str, items: list[str], **body: object) -> np.ndarray:
-    r = httpx.post(f"{url}/v1/encode/{model}", json={"items": items, **body}, timeout=30)
+    r = local_http.post(f"{url}/v1/encode/{model}", json={"items": items, **body}, timeout=30)
     assert r.status_code == 200, r.text
     return np.array([row["dense"] for row in r.json()["items"]], dtype=np.float32)
 
@@ -161,8 +162,8 @@ def test_each_adapter_matches_peft_merged(server: ServerProcess, reference: Refe
     # model@adapter: in the route, and in OpenAI's model field
     assert_matches(encode(server.url, "test/lora-base@beta", items),
                    reference.encode(items, "beta"))
-    r = httpx.post(server.url + "/v1/embeddings",
-                   json={"model": "lora-base@alpha", "input": items}, timeout=30)
+    r = local_http.post(server.url + "/v1/embeddings",
+                        json={"model": "lora-base@alpha", "input": items}, timeout=30)
     assert r.status_code == 200, r.text
     assert_matches(np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32),
                    reference.encode(items, "alpha"))
@@ -199,7 +200,7 @@ def test_adapters_beyond_max_loras_rotate_and_count_in_memory(
             str(lora_models[name] / "adapter_model.safetensors")).values())
 
     def memory() -> float:
-        text = httpx.get(server.url + "/metrics").text
+        text = local_http.get(server.url + "/metrics").text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("heron_worker_model_memory_bytes"))
 
@@ -251,15 +252,15 @@ def test_bad_adapters_are_refused_with_a_code_and_neighbours_unharmed(
 def test_rerank_and_sdk_take_the_adapter(server: ServerProcess) -> None:
     from heron_sdk import Client
 
-    r = httpx.post(server.url + "/v1/rerank", json={"model": "lora-base@nope", "query": "q",
+    r = local_http.post(server.url + "/v1/rerank", json={"model": "lora-base@nope", "query": "q",
                                                     "documents": ["a"]})
     assert r.status_code == 404 and r.json()["code"] == "adapter_not_found"
-    r = httpx.post(server.url + "/v1/rerank", json={"model": "lora-base@alpha", "query": "q",
+    r = local_http.post(server.url + "/v1/rerank", json={"model": "lora-base@alpha", "query": "q",
                                                     "documents": ["a", "b"]})
     assert r.status_code == 200, r.text
-    described = httpx.get(server.url + "/v1/models/lora-base").json()
+    described = local_http.get(server.url + "/v1/models/lora-base").json()
     assert described["loras"] == sorted([*ADAPTERS, "dora"])
-    assert "loras" not in httpx.get(server.url + "/v1/models/plain").json()
+    assert "loras" not in local_http.get(server.url + "/v1/models/plain").json()
     with Client(server.url) as client:
         got = client.encode("lora-base", ["one text"], adapter="gamma").dense
         want = encode(server.url, "lora-base@gamma", ["one text"])
@@ -293,14 +294,14 @@ def test_an_adapter_added_through_the_config_service_serves_without_restart(
         worker.wait_ready()
         gateway.wait_ready()
         config = model_config(model_id, lora_models, ["alpha"], bundles=["lora"])
-        r = httpx.post(config_service.url + "/v1/configs/models", json=config)
+        r = local_http.post(config_service.url + "/v1/configs/models", json=config)
         assert r.status_code == 201, r.text
 
         def answer(name: str) -> httpx.Response:
             deadline = time.monotonic() + 60
             while True:
-                resp = httpx.post(f"{gateway.url}/v1/encode/{model_id}@{name}",
-                                  json={"items": items}, timeout=30)
+                resp = local_http.post(f"{gateway.url}/v1/encode/{model_id}@{name}",
+                                       json={"items": items}, timeout=30)
                 if resp.status_code not in (202, 503) and not (
                         resp.status_code == 404
                         and resp.json()["error"]["code"] == "MODEL_NOT_FOUND"):
@@ -317,7 +318,7 @@ def test_an_adapter_added_through_the_config_service_serves_without_restart(
         assert missing.json()["error"]["code"] == "ADAPTER_NOT_FOUND"
 
         config["loras"]["beta"] = {"path": str(lora_models["beta"])}
-        r = httpx.post(config_service.url + "/v1/configs/models", json=config)
+        r = local_http.post(config_service.url + "/v1/configs/models", json=config)
         assert r.status_code == 201, r.text
         deadline = time.monotonic() + 30
         while (resp := answer("beta")).status_code == 404:
@@ -326,7 +327,7 @@ def test_an_adapter_added_through_the_config_service_serves_without_restart(
         assert resp.status_code == 200, resp.text
         assert_matches(np.array([row["dense"] for row in resp.json()["items"]], np.float32),
                        reference.encode(items, "beta"))
-        stored = httpx.get(f"{config_service.url}/v1/configs/models/{model_id}").json()
+        stored = local_http.get(f"{config_service.url}/v1/configs/models/{model_id}").json()
         assert sorted(stored["model"]["loras"]) == ["alpha", "beta"]
         assert json.dumps(stored)  # the stored view is plain JSON
     finally:

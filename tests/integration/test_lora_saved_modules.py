@@ -20,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from tests.support import local_http
 from tests.support.servers import ServerProcess, start_serve
 from tests.support.tiny_models import _config, minilm_dir
 
@@ -149,8 +150,8 @@ def test_a_burst_mixing_saved_heads_and_the_base_matches_peft_merged(
 
 
 def test_lora_inside_a_saved_module_is_refused_with_a_code(server: ServerProcess) -> None:
-    r = httpx.post(f"{server.url}/v1/score/{MODEL}@inside",
-                   json={"query": "q", "items": ["a"]}, timeout=30)
+    r = local_http.post(f"{server.url}/v1/score/{MODEL}@inside",
+                        json={"query": "q", "items": ["a"]}, timeout=30)
     assert r.status_code == 502, r.text
     error = r.json()["error"]
     assert error["code"] == "MODEL_LOAD_FAILED" and "modules_to_save" in error["message"]

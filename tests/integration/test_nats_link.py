@@ -33,6 +33,7 @@ from heron.runtime.nats_names import (
 )
 from heron_sdk.types import EncodeRequest, Item
 from tests.integration.test_worker_queue import _roundtrip as roundtrip
+from tests.support import local_http
 from tests.support.cluster_procs import ConfigProcess, GatewayProcess, WorkerProcess
 from tests.support.nats_server import NatsServer
 from tests.support.servers import free_port
@@ -211,7 +212,7 @@ def test_components_start_with_their_first_seed_node_down(tmp_path: Path) -> Non
     try:
         for process in (gateway, config):
             process.wait_ready(timeout_s=30)
-            readiness = httpx.get(process.url + "/readyz", timeout=5).json()
+            readiness = local_http.get(process.url + "/readyz", timeout=5).json()
             assert readiness["nats_connected"] is True, readiness
     finally:
         gateway.stop()
@@ -313,7 +314,7 @@ def test_a_worker_that_cannot_consume_is_not_ready_and_says_why(tmp_path: Path) 
         deadline, body = time.monotonic() + 120, {}
         while time.monotonic() < deadline:
             try:
-                answer = httpx.get(worker.url + "/readyz", timeout=2)
+                answer = local_http.get(worker.url + "/readyz", timeout=2)
             except httpx.ConnectError:  # not listening yet
                 time.sleep(0.2)
                 continue
@@ -330,7 +331,7 @@ def test_a_worker_that_cannot_consume_is_not_ready_and_says_why(tmp_path: Path) 
         assert set(body["models"].values()) == {"ready"} and body["nats_connected"] is True
         assert work_stream(pool) in body["error"] and "retention" in body["error"]
         time.sleep(1.5)  # set-up keeps failing: still not ready
-        assert httpx.get(worker.url + "/readyz", timeout=2).status_code == 503
+        assert local_http.get(worker.url + "/readyz", timeout=2).status_code == 503
     finally:
         worker.stop()
         server.stop()

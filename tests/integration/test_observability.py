@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import httpx
 
+from tests.support import local_http
+
 
 def test_timing_headers_and_request_id(http: httpx.Client) -> None:
     r = http.post("/v1/encode/minilm", json={"items": ["time me"]},
@@ -33,8 +35,8 @@ def test_gateway_timing_headers_cover_every_phase(cluster_url: str) -> None:
     """Through gateway -> JetStream -> worker: the gateway's phases, then the worker's (as
     the result message reported them), then the gateway's total, in order. A small request
     goes in a shared work item (coalesce: its wait for company); a split one does not."""
-    r = httpx.post(cluster_url + "/v1/encode/minilm", json={"items": ["time me", "twice"]},
-                   headers={"x-request-id": "gw-timing-1"}, timeout=60)
+    r = local_http.post(cluster_url + "/v1/encode/minilm", json={"items": ["time me", "twice"]},
+                        headers={"x-request-id": "gw-timing-1"}, timeout=60)
     assert r.status_code == 200 and r.headers["x-request-id"] == "gw-timing-1"
     phases = _phases(r)
     assert list(phases) == ["coalesce", "publish", "queue_wait", "tokenize", "batch_wait",
@@ -44,13 +46,13 @@ def test_gateway_timing_headers_cover_every_phase(cluster_url: str) -> None:
     assert phases["total"] >= sum(v for k, v in phases.items() if k != "total") - 0.1
     # split into three work items (64 items each at most): the phases are the slice's that
     # answered last, still inside the total
-    many = httpx.post(cluster_url + "/v1/encode/minilm",
-                      json={"items": [f"item {i}" for i in range(150)]}, timeout=60)
+    many = local_http.post(cluster_url + "/v1/encode/minilm",
+                           json={"items": [f"item {i}" for i in range(150)]}, timeout=60)
     assert many.status_code == 200 and len(many.json()["items"]) == 150
     split = _phases(many)
     assert "coalesce" not in split
     assert split["total"] >= sum(v for k, v in split.items() if k != "total") - 0.1
-    metrics = httpx.get(cluster_url + "/metrics").text
+    metrics = local_http.get(cluster_url + "/metrics").text
     for phase in list(phases)[:-1]:
         assert _value(metrics, "heron_gateway_phase_duration_seconds_count", phase=phase,
                       model="sentence-transformers/all-MiniLM-L6-v2") >= 1, phase
@@ -59,13 +61,13 @@ def test_gateway_timing_headers_cover_every_phase(cluster_url: str) -> None:
 def test_errors_and_replaced_ids_carry_x_request_id(http: httpx.Client,
                                                     cluster_url: str) -> None:
     for base in (str(http.base_url), cluster_url):
-        missing = httpx.post(base + "/v1/encode/no-such-model", json={"items": ["x"]},
-                             headers={"x-request-id": "err-1"})
+        missing = local_http.post(base + "/v1/encode/no-such-model", json={"items": ["x"]},
+                                  headers={"x-request-id": "err-1"})
         assert missing.status_code == 404 and missing.headers["x-request-id"] == "err-1"
         # an id that could not travel in a NATS header or forge a log line is replaced
         for bad in ("two words", "x" * 201):
-            r = httpx.post(base + "/v1/encode/minilm", json={"items": ["x"]},
-                           headers={"x-request-id": bad}, timeout=60)
+            r = local_http.post(base + "/v1/encode/minilm", json={"items": ["x"]},
+                                headers={"x-request-id": bad}, timeout=60)
             assert r.status_code == 200
             assert r.headers["x-request-id"] != bad and len(r.headers["x-request-id"]) == 32
 

@@ -21,6 +21,7 @@ from heron.runtime.nats_names import demand_subject
 from heron_sdk import wire
 from heron_sdk.pools import POOL_HEADER
 from tests.integration.test_gateway_api import last_seq, metric
+from tests.support import local_http
 from tests.support.gateway_harness import (
     FakeWorker,
     GatewayThread,
@@ -52,7 +53,7 @@ def gws(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
     b = GatewayThread(nats_server.url, static, root, settings).start()
     try:
         for gw in (a, b):  # the static worker's beats have arrived
-            eventually(lambda gw=gw: httpx.get(gw.url + "/readyz").json()["pools"][
+            eventually(lambda gw=gw: local_http.get(gw.url + "/readyz").json()["pools"][
                 static["pa"]]["healthy_workers"] == 1)
         yield Gateways(a, b, nats_server.url, static, worker)
     finally:
@@ -62,15 +63,15 @@ def gws(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
 
 
 def create(gw: GatewayThread, name: str, bundle: str = "pa", **extra: Any) -> httpx.Response:
-    return httpx.post(gw.url + "/v1/pools", json={"name": name, "bundle": bundle, **extra},
-                      timeout=10)
+    return local_http.post(gw.url + "/v1/pools", json={"name": name, "bundle": bundle, **extra},
+                           timeout=10)
 
 
 def encode(gw: GatewayThread, pool: str | None, model: str = "pa-dense",
            text: str = "hello") -> httpx.Response:
     headers = {POOL_HEADER: pool} if pool is not None else {}
-    return httpx.post(gw.url + f"/v1/encode/{model}", json={"items": [text]},
-                      headers=headers, timeout=10)
+    return local_http.post(gw.url + f"/v1/encode/{model}", json={"items": [text]},
+                           headers=headers, timeout=10)
 
 
 def error(r: httpx.Response) -> tuple[int, str, str | None]:
@@ -86,7 +87,7 @@ def eventually(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
 
 
 def status_of(gw: GatewayThread, name: str) -> int:
-    return httpx.get(gw.url + f"/v1/pools/{name}", timeout=5).status_code
+    return local_http.get(gw.url + f"/v1/pools/{name}", timeout=5).status_code
 
 
 # ---- the routes ------------------------------------------------------------------------------
@@ -102,9 +103,9 @@ def test_create_get_list_renew_delete(gws: Gateways) -> None:
     assert lease["expires_at"] == pytest.approx(lease["renewed_at"] + 30)
     assert 29 < lease["expires_in_s"] <= 30 and lease["created_at"] == lease["renewed_at"]
 
-    got = httpx.get(gws.a.url + f"/v1/pools/{name}")  # read-your-write on the same gateway
+    got = local_http.get(gws.a.url + f"/v1/pools/{name}")  # read-your-write on the same gateway
     assert got.status_code == 200 and got.json()["expires_at"] == lease["expires_at"]
-    listed = httpx.get(gws.a.url + "/v1/pools").json()
+    listed = local_http.get(gws.a.url + "/v1/pools").json()
     assert listed["object"] == "list"
     by_name = {p["name"]: p for p in listed["data"]}
     assert by_name[name]["kind"] == "lease"
@@ -112,41 +113,41 @@ def test_create_get_list_renew_delete(gws: Gateways) -> None:
                                          "kind": "static", "state": "ready",
                                          "healthy_workers": 1}
     assert by_name[gws.static["pb"]]["state"] == "provisioning"
-    static = httpx.get(gws.b.url + f"/v1/pools/{gws.static['pa']}")
+    static = local_http.get(gws.b.url + f"/v1/pools/{gws.static['pa']}")
     assert static.status_code == 200 and static.json()["kind"] == "static"
 
     assert error(create(gws.a, name)) == (409, "POOL_CONFLICT", None)
     assert error(create(gws.b, gws.static["pb"], "pb")) == (409, "POOL_CONFLICT", None)
 
-    renewed = httpx.post(gws.b.url + f"/v1/pools/{name}/renew", json={"ttl_s": 5})
+    renewed = local_http.post(gws.b.url + f"/v1/pools/{name}/renew", json={"ttl_s": 5})
     assert renewed.status_code == 200, renewed.text
     body = renewed.json()
     assert body["ttl_s"] == 5.0 and 4 < body["expires_in_s"] <= 5
     assert body["renewed_at"] > lease["renewed_at"] and body["created_at"] == lease["created_at"]
-    kept = httpx.post(gws.a.url + f"/v1/pools/{name}/renew")  # no body: keeps its TTL
+    kept = local_http.post(gws.a.url + f"/v1/pools/{name}/renew")  # no body: keeps its TTL
     assert kept.status_code == 200 and kept.json()["ttl_s"] == 5.0
 
-    deleted = httpx.delete(gws.b.url + f"/v1/pools/{name}")
+    deleted = local_http.delete(gws.b.url + f"/v1/pools/{name}")
     assert deleted.status_code == 200 and deleted.json() == {"name": name, "deleted": True}
-    assert error(httpx.get(gws.b.url + f"/v1/pools/{name}")) == (404, "POOL_NOT_FOUND", None)
+    assert error(local_http.get(gws.b.url + f"/v1/pools/{name}")) == (404, "POOL_NOT_FOUND", None)
     eventually(lambda: status_of(gws.a, name) == 404)
-    assert name not in {p["name"] for p in httpx.get(gws.a.url + "/v1/pools").json()["data"]}
-    assert error(httpx.delete(gws.a.url + f"/v1/pools/{name}")) == (404, "POOL_NOT_FOUND",
+    assert name not in {p["name"] for p in local_http.get(gws.a.url + "/v1/pools").json()["data"]}
+    assert error(local_http.delete(gws.a.url + f"/v1/pools/{name}")) == (404, "POOL_NOT_FOUND",
                                                                        None)
     # a deleted lease is never brought back by a renewal
-    assert error(httpx.post(gws.a.url + f"/v1/pools/{name}/renew")) == (404, "POOL_NOT_FOUND",
+    assert error(local_http.post(gws.a.url + f"/v1/pools/{name}/renew")) == (404, "POOL_NOT_FOUND",
                                                                         None)
     assert status_of(gws.a, name) == 404
     # static pools are not leases: they cannot be deleted or renewed
     static_name = gws.static["pa"]
-    assert error(httpx.delete(gws.a.url + f"/v1/pools/{static_name}"))[:2] == (
+    assert error(local_http.delete(gws.a.url + f"/v1/pools/{static_name}"))[:2] == (
         409, "POOL_CONFLICT")
-    assert error(httpx.post(gws.a.url + f"/v1/pools/{static_name}/renew"))[:2] == (
+    assert error(local_http.post(gws.a.url + f"/v1/pools/{static_name}/renew"))[:2] == (
         409, "POOL_CONFLICT")
     # the name is free again
     again = create(gws.b, name, ttl_s=5)
     assert again.status_code == 201, again.text
-    assert httpx.delete(gws.b.url + f"/v1/pools/{name}").status_code == 200
+    assert local_http.delete(gws.b.url + f"/v1/pools/{name}").status_code == 200
 
 
 @pytest.mark.parametrize(("body", "field"), [
@@ -164,7 +165,7 @@ def test_create_get_list_renew_delete(gws: Gateways) -> None:
 ])
 def test_bad_pool_bodies_are_422_naming_the_field(gws: Gateways, body: Any,
                                                   field: str) -> None:
-    r = httpx.post(gws.a.url + "/v1/pools", json=body)
+    r = local_http.post(gws.a.url + "/v1/pools", json=body)
     assert error(r) == (422, "INVALID_FIELD", field)
     if field == "bundle" and isinstance(body, dict) and "bundle" in body:
         assert "known bundles: pa, pb" in r.json()["error"]["message"]
@@ -175,19 +176,19 @@ def test_bad_renew_bodies_and_malformed_json(gws: Gateways) -> None:
     assert create(gws.a, name, ttl_s=30).status_code == 201
     try:
         url = gws.a.url + f"/v1/pools/{name}/renew"
-        assert error(httpx.post(url, json={"ttl_s": "long"})) == (422, "INVALID_FIELD",
+        assert error(local_http.post(url, json={"ttl_s": "long"})) == (422, "INVALID_FIELD",
                                                                   "ttl_s")
-        assert error(httpx.post(url, json={"ttl_s": 10**6})) == (422, "INVALID_FIELD",
+        assert error(local_http.post(url, json={"ttl_s": 10**6})) == (422, "INVALID_FIELD",
                                                                  "ttl_s")
-        assert error(httpx.post(url, json={"workers": 3})) == (422, "INVALID_FIELD",
+        assert error(local_http.post(url, json={"workers": 3})) == (422, "INVALID_FIELD",
                                                                 "workers")
-        bad = httpx.post(gws.a.url + "/v1/pools", content=b"{not json",
-                         headers={"content-type": "application/json"})
+        bad = local_http.post(gws.a.url + "/v1/pools", content=b"{not json",
+                              headers={"content-type": "application/json"})
         assert error(bad)[:2] == (400, "MALFORMED_BODY")
         # none of it touched the lease
-        assert httpx.get(gws.a.url + f"/v1/pools/{name}").json()["ttl_s"] == 30.0
+        assert local_http.get(gws.a.url + f"/v1/pools/{name}").json()["ttl_s"] == 30.0
     finally:
-        httpx.delete(gws.a.url + f"/v1/pools/{name}")
+        local_http.delete(gws.a.url + f"/v1/pools/{name}")
 
 
 # ---- routing ---------------------------------------------------------------------------------
@@ -197,8 +198,8 @@ def test_a_pool_created_on_one_gateway_is_listed_and_routed_by_another(gws: Gate
     try:
         assert create(gws.a, name, ttl_s=60).status_code == 201
         eventually(lambda: status_of(gws.b, name) == 200)
-        assert name in {p["name"] for p in httpx.get(gws.b.url + "/v1/pools").json()["data"]}
-        eventually(lambda: httpx.get(gws.b.url + f"/v1/pools/{name}").json()["state"]
+        assert name in {p["name"] for p in local_http.get(gws.b.url + "/v1/pools").json()["data"]}
+        eventually(lambda: local_http.get(gws.b.url + f"/v1/pools/{name}").json()["state"]
                    == "ready")
 
         static_seen = len(gws.static_worker.seen)
@@ -206,11 +207,11 @@ def test_a_pool_created_on_one_gateway_is_listed_and_routed_by_another(gws: Gate
         assert r.status_code == 200, r.text
         assert r.json()["items"][0]["dense"] == fake_vector("pooled").tolist()
         assert len(worker.seen) == 1 and len(gws.static_worker.seen) == static_seen
-        score = httpx.post(gws.a.url + "/v1/score/pa-rerank", headers={POOL_HEADER: name},
-                           json={"query": "q", "items": ["a", "bb"]}, timeout=10)
+        score = local_http.post(gws.a.url + "/v1/score/pa-rerank", headers={POOL_HEADER: name},
+                                json={"query": "q", "items": ["a", "bb"]}, timeout=10)
         assert score.status_code == 200 and len(worker.seen) == 2
-        openai = httpx.post(gws.b.url + "/v1/embeddings", headers={POOL_HEADER: name},
-                            json={"model": "pa-dense", "input": ["x"]}, timeout=10)
+        openai = local_http.post(gws.b.url + "/v1/embeddings", headers={POOL_HEADER: name},
+                                 json={"model": "pa-dense", "input": ["x"]}, timeout=10)
         assert openai.status_code == 200 and len(worker.seen) == 3
         assert len(gws.static_worker.seen) == static_seen
 
@@ -221,15 +222,15 @@ def test_a_pool_created_on_one_gateway_is_listed_and_routed_by_another(gws: Gate
         assert encode(gws.a, gws.static["pa"]).status_code == 200
         assert len(worker.seen) == 3
 
-        ready = httpx.get(gws.b.url + "/readyz").json()["pools"]
+        ready = local_http.get(gws.b.url + "/readyz").json()["pools"]
         assert ready[name] == {"bundle": "pa", "kind": "lease", "healthy_workers": 1,
                                "outstanding_items": 0}
         assert ready[gws.static["pa"]]["kind"] == "static"
-        text = httpx.get(gws.b.url + "/metrics").text
+        text = local_http.get(gws.b.url + "/metrics").text
         assert metric(text, "heron_gateway_healthy_workers", pool=name) == 1
         assert metric(text, "heron_gateway_work_items_published_total", pool=name) >= 2
     finally:
-        httpx.delete(gws.a.url + f"/v1/pools/{name}")
+        local_http.delete(gws.a.url + f"/v1/pools/{name}")
         worker.stop()
 
 
@@ -251,7 +252,7 @@ def test_unknown_pools_bad_headers_and_models_outside_the_pool(gws: Gateways) ->
         assert error(encode(gws.a, name, model="nope"))[:2] == (404, "MODEL_NOT_FOUND")
         assert last_seq(gws.nats_url, name) == 0  # nothing was published for any of these
     finally:
-        httpx.delete(gws.a.url + f"/v1/pools/{name}")
+        local_http.delete(gws.a.url + f"/v1/pools/{name}")
 
 
 def test_a_leased_pool_without_workers_is_202_and_publishes_demand(gws: Gateways) -> None:
@@ -278,13 +279,13 @@ def test_a_leased_pool_without_workers_is_202_and_publishes_demand(gws: Gateways
         assert int(r.headers["retry-after"]) >= 1
         assert r.json()["pool"] == name and r.json()["bundle"] == "pa"
         assert demand["pool"] == name and demand["bundle"] == "pa"
-        text = httpx.get(gws.b.url + "/metrics").text
+        text = local_http.get(gws.b.url + "/metrics").text
         assert metric(text, "heron_gateway_pending_demand", pool=name) >= 1
         assert last_seq(gws.nats_url, name) == 0
     finally:
-        httpx.delete(gws.a.url + f"/v1/pools/{name}")
+        local_http.delete(gws.a.url + f"/v1/pools/{name}")
     # deleted: the demand for it ends at once, on every gateway
-    eventually(lambda: f'pool="{name}"' not in httpx.get(gws.b.url + "/metrics").text)
+    eventually(lambda: f'pool="{name}"' not in local_http.get(gws.b.url + "/metrics").text)
     assert error(encode(gws.b, name)) == (404, "POOL_NOT_FOUND", None)
 
 
@@ -299,12 +300,12 @@ def test_renewal_keeps_a_lease_and_expiry_ends_routing_and_demand(gws: Gateways)
     last_renewal = started
     while time.monotonic() - started < 3.5 * ttl:
         sent = time.monotonic()
-        renewed = httpx.post(gws.a.url + f"/v1/pools/{name}/renew", timeout=5)
+        renewed = local_http.post(gws.a.url + f"/v1/pools/{name}/renew", timeout=5)
         assert renewed.status_code == 200, renewed.text
         last_renewal = sent  # the lease counts from before the answer came, not after
         assert status_of(gws.b, name) == 200 and status_of(gws.a, name) == 200
         time.sleep(ttl / 3)
-    assert metric(httpx.get(gws.b.url + "/metrics").text, "heron_gateway_pending_demand",
+    assert metric(local_http.get(gws.b.url + "/metrics").text, "heron_gateway_pending_demand",
                   pool=name) >= 1
     # No more renewals: it ends about ttl after the last one.
     eventually(lambda: status_of(gws.b, name) == 404, timeout_s=ttl + 3)
@@ -312,12 +313,12 @@ def test_renewal_keeps_a_lease_and_expiry_ends_routing_and_demand(gws: Gateways)
     eventually(lambda: status_of(gws.a, name) == 404, timeout_s=2)
     assert error(encode(gws.b, name)) == (404, "POOL_NOT_FOUND", None)
     for gw in (gws.a, gws.b):
-        text = httpx.get(gw.url + "/metrics").text
+        text = local_http.get(gw.url + "/metrics").text
         assert f'pool="{name}"' not in text  # no demand or worker gauge left
-        assert name not in httpx.get(gw.url + "/readyz").json()["pools"]
+        assert name not in local_http.get(gw.url + "/readyz").json()["pools"]
     assert name not in gws.b.gateway.demand.pools()
     # expired is final: a renewal does not bring it back
-    assert error(httpx.post(gws.a.url + f"/v1/pools/{name}/renew")) == (404, "POOL_NOT_FOUND",
+    assert error(local_http.post(gws.a.url + f"/v1/pools/{name}/renew")) == (404, "POOL_NOT_FOUND",
                                                                         None)
 
 
@@ -332,7 +333,7 @@ def test_concurrent_creates_of_one_name_make_exactly_one_lease(gws: Gateways) ->
         assert all(r.json()["error"]["code"] == "POOL_CONFLICT"
                    for r in answers if r.status_code == 409)
     finally:
-        httpx.delete(gws.a.url + f"/v1/pools/{name}")
+        local_http.delete(gws.a.url + f"/v1/pools/{name}")
 
 
 # ---- the provision probe -----------------------------------------------------------------------
@@ -346,8 +347,8 @@ def test_provision_probe(gws: Gateways) -> None:
 
         def probe(model: str, pool: str | None) -> httpx.Response:
             headers = {POOL_HEADER: pool} if pool else {}
-            return httpx.post(gws.a.url + f"/v1/models/{model}/provision", headers=headers,
-                              timeout=10)
+            return local_http.post(gws.a.url + f"/v1/models/{model}/provision", headers=headers,
+                                   timeout=10)
 
         eventually(lambda: probe("pa-dense", warm).status_code == 200)
         assert probe("pa/dense", warm).json() == {"model": "pa/dense", "pool": warm,
@@ -362,18 +363,18 @@ def test_provision_probe(gws: Gateways) -> None:
         assert provisioning.status_code == 202, provisioning.text
         assert provisioning.json()["status"] == "provisioning"
         assert provisioning.json()["pool"] == cold and provisioning.headers["retry-after"]
-        assert metric(httpx.get(gws.a.url + "/metrics").text, "heron_gateway_pending_demand",
+        assert metric(local_http.get(gws.a.url + "/metrics").text, "heron_gateway_pending_demand",
                       pool=cold) >= 1
 
         assert error(probe("nope", None))[:2] == (404, "MODEL_NOT_FOUND")
         assert error(probe("pb-dense", warm))[:2] == (404, "MODEL_NOT_FOUND")
         assert error(probe("pa-dense", unique("gone"))) == (404, "POOL_NOT_FOUND", None)
         # the model route is still the model route
-        assert httpx.get(gws.a.url + "/v1/models/pa-dense").json()["id"] == "pa/dense"
+        assert local_http.get(gws.a.url + "/v1/models/pa-dense").json()["id"] == "pa/dense"
         assert last_seq(gws.nats_url, warm) == 0  # a probe queues nothing
     finally:
         for name in (warm, cold):
-            httpx.delete(gws.a.url + f"/v1/pools/{name}")
+            local_http.delete(gws.a.url + f"/v1/pools/{name}")
         worker.stop()
 
 
@@ -392,10 +393,10 @@ def test_gateways_follow_the_bucket_across_a_nats_restart(tmp_path: Path) -> Non
         own.stop()
         own.start()  # same store: the lease is still there
         for gw in (a, b):
-            eventually(lambda gw=gw: httpx.get(gw.url + "/readyz").status_code == 200, 15)
+            eventually(lambda gw=gw: local_http.get(gw.url + "/readyz").status_code == 200, 15)
         worker = FakeWorker(own.url, name, "pa").start()
         eventually(lambda: encode(b, name).status_code == 200, 10)
-        assert httpx.delete(a.url + f"/v1/pools/{name}").status_code == 200
+        assert local_http.delete(a.url + f"/v1/pools/{name}").status_code == 200
         eventually(lambda: status_of(b, name) == 404)  # b's watcher runs again
         assert error(encode(b, name)) == (404, "POOL_NOT_FOUND", None)
     finally:

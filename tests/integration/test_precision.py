@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
 from heron.worker.registry import cpu_has_native_bf16, select_precision
+from tests.support import local_http
 from tests.support.servers import start_serve
 from tests.support.tiny_models import minilm_dir
 
@@ -33,9 +33,9 @@ def test_default_precision_serves_within_cosine_0_9999_of_fp32(tmp_path: Path) -
     # --precision profile: the bundle's own setting (auto), not the suite's fp32 override.
     server = start_serve("default", tmp_path, extra_args=["--precision", "profile"])
     try:
-        model = httpx.get(server.url + "/v1/models/minilm").json()
+        model = local_http.get(server.url + "/v1/models/minilm").json()
         assert model["dtype"] == ("bfloat16" if cpu_has_native_bf16() else "float32")
-        r = httpx.post(server.url + "/v1/encode/minilm", json={"items": TEXTS}, timeout=60)
+        r = local_http.post(server.url + "/v1/encode/minilm", json={"items": TEXTS}, timeout=60)
         assert r.status_code == 200, r.text
         ours = np.array([i["dense"] for i in r.json()["items"]], dtype=np.float32)
     finally:

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from heron.runtime.logs import (
@@ -29,6 +28,7 @@ from heron.runtime.logs import (
     bind_request,
     configure_logging,
 )
+from tests.support import local_http
 from tests.support.cluster_procs import ChildProcess, GatewayProcess
 from tests.support.gateway_harness import unique
 from tests.support.nats_server import NatsServer
@@ -81,18 +81,18 @@ def test_one_request_id_in_gateway_and_worker_logs(nats_server: NatsServer,
         worker.wait_ready(60)
         gateway.wait_ready(30)
         deadline = time.monotonic() + 15
-        while httpx.get(gateway.url + "/readyz").json()["pools"][pool]["healthy_workers"] < 1:
+        while local_http.get(gateway.url + "/readyz").json()["pools"][pool]["healthy_workers"] < 1:
             assert time.monotonic() < deadline, "the gateway never saw the worker beat"
             time.sleep(0.1)
 
         request_id = unique("req")
-        r = httpx.post(f"{gateway.url}/v1/encode/{MODEL}", json={"items": ["a heron", "b"]},
-                       headers={"X-Request-Id": request_id}, timeout=30)
+        r = local_http.post(f"{gateway.url}/v1/encode/{MODEL}", json={"items": ["a heron", "b"]},
+                            headers={"X-Request-Id": request_id}, timeout=30)
         assert r.status_code == 200, r.text
         assert r.headers["x-request-id"] == request_id
         rejected_id = unique("bad")
-        bad = httpx.post(f"{gateway.url}/v1/encode/{MODEL}", json={"items": []},
-                         headers={"X-Request-Id": rejected_id}, timeout=30)
+        bad = local_http.post(f"{gateway.url}/v1/encode/{MODEL}", json={"items": []},
+                              headers={"X-Request-Id": rejected_id}, timeout=30)
         assert bad.status_code == 422 and bad.headers["x-request-id"] == rejected_id
 
         gateway_lines = wait_for_lines(gateway.log_path, request_id)
@@ -212,7 +212,7 @@ def test_outgoing_http_calls_are_logged_at_debug_only(monkeypatch: pytest.Monkey
         lines = {}
         for level in ("info", "debug"):
             with logging_configured(monkeypatch, level) as stream:
-                assert httpx.get(url, timeout=5).status_code == 200
+                assert local_http.get(url, timeout=5).status_code == 200
             lines[level] = [json.loads(x) for x in stream.getvalue().splitlines()]
     finally:
         server.shutdown()

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import cohere
-import httpx
 import pytest
+
+from tests.support import local_http
 
 QUERY = "where do herons nest?"
 DOCUMENTS = ["Herons nest in colonies near water.", "The stock market fell today.",
@@ -34,8 +35,8 @@ def same_ranking(got: list[tuple[int, float]], expected: list[tuple[int, float]]
 
 
 def heron_score(url: str, model: str, **extra: object) -> list[tuple[int, float]]:
-    r = httpx.post(f"{url}/v1/score/{model}",
-                   json={"query": QUERY, "items": DOCUMENTS, **extra}, timeout=60)
+    r = local_http.post(f"{url}/v1/score/{model}",
+                        json={"query": QUERY, "items": DOCUMENTS, **extra}, timeout=60)
     assert r.status_code == 200, r.text
     return [(row["index"], row["score"]) for row in r.json()["results"]]
 
@@ -84,7 +85,7 @@ def test_bad_requests_raise_bad_request_error_naming_the_field(co: cohere.Client
 def test_jina_shaped_body_gets_jinas_fields(url: str) -> None:
     body = {"model": "tiny-cross-encoder", "query": QUERY, "top_n": 2,
             "documents": [{"text": t} for t in DOCUMENTS], "return_documents": True}
-    r = httpx.post(f"{url}/v1/rerank", json=body, timeout=60)
+    r = local_http.post(f"{url}/v1/rerank", json=body, timeout=60)
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["model"] == "test/tiny-cross-encoder"
@@ -93,7 +94,7 @@ def test_jina_shaped_body_gets_jinas_fields(url: str) -> None:
     same_ranking([(x["index"], x["relevance_score"]) for x in out["results"]], expected)
     assert [x["document"]["text"] for x in out["results"]] == [DOCUMENTS[i]
                                                                for i, _ in expected]
-    refused = httpx.post(f"{url}/v1/rerank", json={**body, "documents": [{"txt": "a"}]})
+    refused = local_http.post(f"{url}/v1/rerank", json={**body, "documents": [{"txt": "a"}]})
     assert refused.status_code == 400
     assert refused.json()["detail"] == refused.json()["message"]
     assert refused.json()["param"] == "documents[0].text"

@@ -24,6 +24,7 @@ import pytest
 
 from heron.runtime.nats_names import RESULTS_BUCKET
 from heron_sdk import Client
+from tests.support import local_http
 from tests.support.cluster_procs import ConfigProcess, WorkerProcess
 from tests.support.gateway_harness import GatewayThread, unique
 from tests.support.nats_server import NatsServer
@@ -46,7 +47,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def metric(url: str, name: str, **labels: str) -> float:
     """A sample of /metrics, summed over the labels not given."""
     total = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+    for line in local_http.get(url + "/metrics", timeout=10).text.splitlines():
         if not line.startswith((name + "{", name + " ")):
             continue
         if all(f'{k}="{v}"' in line for k, v in labels.items()):
@@ -115,7 +116,7 @@ def test_64_identical_concurrent_requests_compute_the_text_once(serve: ServerPro
 
 
 def _encode(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(url + ENCODE, json=body, timeout=60)
+    r = local_http.post(url + ENCODE, json=body, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()["items"][0]
 
@@ -169,10 +170,10 @@ def test_through_a_gateway_after_a_config_change_and_across_workers(
         assert _shared_hits(other) == 1 and _encode(other.url, {"items": [t2]})["cached"]
 
         # A config change of the model (the config service only adds: a new profile).
-        config = httpx.get(f"{config_service.url}/v1/configs/models/{MINILM}",
-                           timeout=10).json()["model"]
+        config = local_http.get(f"{config_service.url}/v1/configs/models/{MINILM}",
+                                timeout=10).json()["model"]
         config["profiles"]["short"] = {"max_sequence_length": 128}
-        r = httpx.post(config_service.url + "/v1/configs/models", json=config, timeout=10)
+        r = local_http.post(config_service.url + "/v1/configs/models", json=config, timeout=10)
         assert r.status_code == 201, r.text
         deadline = time.monotonic() + 30
         while min(w.metric("heron_worker_config_epoch") for w in (worker, other)) < \

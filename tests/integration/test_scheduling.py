@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from heron.runtime.nats_names import Lane
+from tests.support import local_http
 from tests.support.gateway_harness import FakeWorker, GatewayThread, unique
 from tests.support.nats_server import NatsServer
 
@@ -68,15 +69,15 @@ def test_the_gateway_stops_waiting_for_a_client_that_left(nats_server: NatsServe
     try:
         gateway.wait_for_capacity(pool, 10)
         with pytest.raises(httpx.TimeoutException):
-            httpx.post(gateway.url + "/v1/encode/minilm", timeout=0.5,
-                       json={"items": ["nobody will answer"] * 10})
+            local_http.post(gateway.url + "/v1/encode/minilm", timeout=0.5,
+                            json={"items": ["nobody will answer"] * 10})
         # Without the disconnect watch these 10 items would count against the pool's
         # backlog for the whole default timeout (30 s).
         deadline = time.monotonic() + 3
         while gateway.gateway.dispatcher.outstanding(pool):
             assert time.monotonic() < deadline, "the gateway kept waiting"
             time.sleep(0.05)
-        text = httpx.get(gateway.url + "/metrics").text
+        text = local_http.get(gateway.url + "/metrics").text
         assert 'status="499"' in text
     finally:
         gateway.stop()
@@ -108,10 +109,10 @@ def test_a_client_gone_before_its_body_ended_is_a_499_not_an_error(
         deadline = time.monotonic() + 5
         pattern = re.compile(r'heron_gateway_requests_total\{[^}]*route="encode"[^}]*'
                              r'status="499"\} 1\.0')
-        while not pattern.search(httpx.get(gateway.url + "/metrics").text):
+        while not pattern.search(local_http.get(gateway.url + "/metrics").text):
             assert time.monotonic() < deadline, "the half-sent request was not counted 499"
             time.sleep(0.05)
-        r = httpx.post(gateway.url + "/v1/encode/minilm", json={"items": ["next"]}, timeout=10)
+        r = local_http.post(gateway.url + "/v1/encode/minilm", json={"items": ["next"]}, timeout=10)
         assert r.status_code == 200
         assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
     finally:
@@ -132,7 +133,7 @@ def test_a_lower_priority_goes_on_a_lane_every_worker_pulls(nats_server: NatsSer
     try:
         gateway.wait_for_capacity(pool, 10)
         for priority in (0, 2):
-            r = httpx.post(gateway.url + "/v1/encode/minilm", timeout=10, json={
+            r = local_http.post(gateway.url + "/v1/encode/minilm", timeout=10, json={
                 "items": [f"priority {priority}"], "priority": priority, "timeout_s": 5})
             assert r.status_code == 200, r.text
             assert (".low." in worker.subjects[-1]) == (priority > 0 and Lane.LOW in lanes)

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -26,6 +25,7 @@ from heron_sdk import (
     RequestError,
     ScoreResult,
 )
+from tests.support import local_http
 from tests.support.gateway_harness import GatewayThread, unique
 from tests.support.nats_server import NatsServer
 from tests.support.servers import free_port
@@ -57,7 +57,7 @@ def call(request: pytest.FixtureRequest, url: str) -> Iterator[Callable[..., Any
 
 
 def http_post(url: str, path: str, body: dict) -> dict:
-    r = httpx.post(url + path, json=body, timeout=60)
+    r = local_http.post(url + path, json=body, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -123,7 +123,7 @@ def test_extract_matches_http(call: Callable[..., Any], url: str) -> None:
 
 
 def test_models_and_capacity(call: Callable[..., Any], url: str) -> None:
-    want = httpx.get(url + "/v1/models", timeout=10).json()["data"]
+    want = local_http.get(url + "/v1/models", timeout=10).json()["data"]
     got = call("list_models")
     assert [m["id"] for m in got] == [m["id"] for m in want]
     one = call("get_model", "minilm")

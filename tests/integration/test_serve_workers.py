@@ -10,13 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import psutil
 import pytest
 import yaml
 
 from heron.cli.main import serve_processes, usable_cpus
+from tests.support import local_http
 from tests.support.servers import REPO, free_port, start_serve
 
 
@@ -62,16 +62,16 @@ def test_two_processes_serve_one_port_and_report_all_requests(
             time.sleep(0.05)
         ready_in_a_row = 0
         while ready_in_a_row < 10 and time.monotonic() < deadline:
-            ok = httpx.get(server.url + "/readyz", headers={"Connection": "close"})
+            ok = local_http.get(server.url + "/readyz", headers={"Connection": "close"})
             ready_in_a_row = ready_in_a_row + 1 if ok.status_code == 200 else 0
             time.sleep(0.05)
         vectors, served = [], 40
         for _ in range(served):  # a new connection each time: either process may answer
             # cache false: every request computed by the process that took it (a repeat
             # would be the result cache's answer, not a computed item).
-            r = httpx.post(server.url + "/v1/encode/t/tiny",
-                           json={"items": ["same text"], "cache": False},
-                           headers={"Connection": "close"}, timeout=30)
+            r = local_http.post(server.url + "/v1/encode/t/tiny",
+                                json={"items": ["same text"], "cache": False},
+                                headers={"Connection": "close"}, timeout=30)
             assert r.status_code == 200, r.text
             vectors.append(r.json()["items"][0]["dense"])
         np.testing.assert_allclose(np.array(vectors), np.array(vectors[:1] * served),
@@ -82,7 +82,7 @@ def test_two_processes_serve_one_port_and_report_all_requests(
             f.name for f in metrics_dir.iterdir()}
         # Whichever process answers the scrape, it reports both processes' requests.
         for _ in range(6):
-            text = httpx.get(server.url + "/metrics", headers={"Connection": "close"}).text
+            text = local_http.get(server.url + "/metrics", headers={"Connection": "close"}).text
             assert metric(text, "heron_worker_requests_total", route="encode",
                           status="200") == served
             assert metric(text, "heron_worker_items_total") == served
@@ -137,14 +137,14 @@ def test_bursts_of_connections_spread_over_the_processes_and_a_dead_one_is_repla
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             alive = [p for p in processes() if p.pid != victim.pid and p.is_running()]
-            if len(alive) == 2 and all(httpx.get(server.url + "/readyz", timeout=5,
-                                                 headers={"Connection": "close"}
-                                                 ).status_code == 200 for _ in range(10)):
+            if len(alive) == 2 and all(local_http.get(server.url + "/readyz", timeout=5,
+                                                      headers={"Connection": "close"}
+                                                      ).status_code == 200 for _ in range(10)):
                 break
             time.sleep(0.5)
         for i in range(40):
-            r = httpx.post(server.url + "/v1/encode/null-model", json={"items": [f"t {i}"]},
-                           headers={"Connection": "close"}, timeout=10)
+            r = local_http.post(server.url + "/v1/encode/null-model", json={"items": [f"t {i}"]},
+                                headers={"Connection": "close"}, timeout=10)
             assert r.status_code == 200, r.text
     finally:
         server.stop()

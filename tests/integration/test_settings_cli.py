@@ -13,7 +13,6 @@ import sys
 import uuid
 from pathlib import Path
 
-import httpx
 import nats
 import pytest
 
@@ -22,6 +21,7 @@ from heron.runtime.nats_names import (
     work_consumer,
     work_stream,
 )
+from tests.support import local_http
 from tests.support.cluster_procs import ConfigProcess, GatewayProcess
 from tests.support.nats_server import NatsServer
 from tests.support.servers import REPO, free_port
@@ -50,7 +50,7 @@ def test_gateway_settings_come_from_flags_then_variables(nats_server: NatsServer
                                          "--stream-ack-wait-s", "7"])
     try:
         gateway.wait_ready()
-        r = httpx.post(gateway.url + "/v1/encode/minilm", json={"items": ["hi"]}, timeout=10)
+        r = local_http.post(gateway.url + "/v1/encode/minilm", json={"items": ["hi"]}, timeout=10)
         assert r.status_code == 202, r.text  # no worker in this pool
         assert r.headers["retry-after"] == "4"
         assert 6.0 <= r.json()["estimated_wait_s"] <= 7.0  # counts down from 7

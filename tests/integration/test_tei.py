@@ -20,6 +20,7 @@ import pytest
 
 from heron import __version__
 from heron.gateway.settings import GatewaySettings
+from tests.support import local_http
 from tests.support.gateway_harness import GatewayThread, unique, write_bundles
 from tests.support.nats_server import NatsServer
 from tests.support.servers import REPO, start_serve
@@ -50,7 +51,7 @@ def tei_serve_url(test_bundle: Path, tmp_path_factory: pytest.TempPathFactory
 def tei_gateway_url(cluster_url: str, nats_server: NatsServer, test_bundle: Path
                     ) -> Iterator[str]:
     """A second gateway on the session cluster's pool, with the TEI servers' settings."""
-    pools = httpx.get(cluster_url + "/readyz", timeout=30).json()["pools"]
+    pools = local_http.get(cluster_url + "/readyz", timeout=30).json()["pools"]
     (pool,) = pools
     gateway = GatewayThread(nats_server.url, {str(test_bundle): pool}, settings=GatewaySettings(
         default_model=DEFAULTS, cors_origins=ORIGIN)).start()
@@ -72,7 +73,7 @@ def tei(request: pytest.FixtureRequest) -> str:
 
 
 def post(url: str, path: str, body: Any, **kwargs: Any) -> httpx.Response:
-    return httpx.post(url + path, json=body, timeout=60, **kwargs)
+    return local_http.post(url + path, json=body, timeout=60, **kwargs)
 
 
 def ok(url: str, path: str, body: Any) -> Any:
@@ -245,8 +246,8 @@ def test_errors_take_tei_shape_and_statuses(plain: str) -> None:
     assert "ids[1]" in message and "vocabulary" in message
     tei_error(post(plain, "/embed", {"inputs": ["a"] * 2049, "model": "minilm"}), 422,
               "Validation")
-    not_json = httpx.post(plain + "/embed", content=b"{", timeout=30,
-                          headers={"Content-Type": "application/json"})
+    not_json = local_http.post(plain + "/embed", content=b"{", timeout=30,
+                               headers={"Content-Type": "application/json"})
     tei_error(not_json, 400, "Validation")
 
 
@@ -272,12 +273,12 @@ def test_a_pool_with_no_worker_is_tei_unhealthy_with_retry_after(
 
 
 def test_info_reports_the_model_and_the_version(plain: str, tei: str) -> None:
-    info = httpx.get(tei + "/info", timeout=30).json()
+    info = local_http.get(tei + "/info", timeout=30).json()
     assert info["version"] == __version__
     assert info["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert info["model_type"]["embedding"]["pooling"] in ("mean", None)
     assert info["max_client_batch_size"] == 2048 and info["auto_truncate"] is True
-    unnamed = httpx.get(plain + "/info", timeout=30)  # many models: no model, still 200
+    unnamed = local_http.get(plain + "/info", timeout=30)  # many models: no model, still 200
     assert unnamed.status_code == 200 and unnamed.json()["version"] == __version__
     assert unnamed.json()["model_id"] is None
 
@@ -343,8 +344,8 @@ def test_cors_preflight_and_answers_for_allowed_origins_only(tei: str, path: str
     method = "GET" if path == "/v1/models" else "POST"
     for origin, allowed in ((ORIGIN, True), ("https://evil.example", False), (None, False)):
         headers = {"Origin": origin} if origin else {}
-        answer = httpx.request(method, tei + path, json=None if method == "GET" else body,
-                               headers=headers, timeout=30)
+        answer = local_http.request(method, tei + path, json=None if method == "GET" else body,
+                                    headers=headers, timeout=30)
         assert answer.status_code == 200, answer.text
         assert (answer.headers.get("access-control-allow-origin") == ORIGIN) is allowed
         if allowed:  # what a page's script may read
@@ -355,8 +356,8 @@ def test_cors_is_off_by_default(plain: str) -> None:
     preflight = httpx.options(plain + "/v1/encode/minilm", headers=PREFLIGHT, timeout=30)
     assert preflight.status_code == 405 and "access-control-allow-origin" not in (
         preflight.headers)
-    answer = httpx.post(plain + "/v1/encode/minilm", json={"items": ["a"]},
-                        headers={"Origin": ORIGIN}, timeout=30)
+    answer = local_http.post(plain + "/v1/encode/minilm", json={"items": ["a"]},
+                             headers={"Origin": ORIGIN}, timeout=30)
     assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
 
 
@@ -365,8 +366,8 @@ def test_a_wildcard_origin_never_allows_credentials(test_bundle: Path,
     server = start_serve(test_bundle, tmp_path, extra_args=["--models", "tiny-dense-cls"],
                          env={"HERON_CORS_ORIGINS": "*"})
     try:
-        answer = httpx.post(server.url + "/embed", json={"inputs": "a"}, timeout=30,
-                            headers={"Origin": "https://any.example", "Cookie": "a=b"})
+        answer = local_http.post(server.url + "/embed", json={"inputs": "a"}, timeout=30,
+                                 headers={"Origin": "https://any.example", "Cookie": "a=b"})
         assert answer.status_code == 200, answer.text  # its one model: no default needed
         assert answer.headers["access-control-allow-origin"] == "*"
         assert "access-control-allow-credentials" not in answer.headers

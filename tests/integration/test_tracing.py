@@ -33,6 +33,7 @@ from heron.runtime import telemetry
 from heron.runtime.modelconfig import ConfigError, load_bundle
 from heron.runtime.protocol import WorkItemHeaders
 from heron.worker.app import QueueMode, create_app
+from tests.support import local_http
 from tests.support.gateway_harness import GatewayThread, unique
 from tests.support.nats_server import NatsServer
 from tests.support.servers import REPO, free_port
@@ -68,7 +69,7 @@ class AppThread:
 
 def _ok(url: str) -> bool:
     with contextlib.suppress(httpx.HTTPError):
-        return httpx.get(url, timeout=2).status_code == 200
+        return local_http.get(url, timeout=2).status_code == 200
     return False
 
 
@@ -151,8 +152,8 @@ def parent_of(span: ReadableSpan) -> int | None:
 def test_one_request_is_one_trace_across_gateway_and_worker(
         cluster: tuple[str, str], spans: Any) -> None:
     url, pool = cluster
-    r = httpx.post(f"{url}/v1/encode/{MODEL}", json={"items": ["where does the heron wait?"]},
-                   headers={"x-request-id": "trace-one"}, timeout=30)
+    r = local_http.post(f"{url}/v1/encode/{MODEL}", json={"items": ["where does the heron wait?"]},
+                        headers={"x-request-id": "trace-one"}, timeout=30)
     assert r.status_code == 200, r.text
     expected = names(telemetry.GATEWAY, GATEWAY_PHASES) + names(telemetry.WORKER,
                                                                 WORKER_PHASES)
@@ -193,8 +194,8 @@ def test_client_traceparent_is_continued_across_slices(cluster: tuple[str, str],
                                                        spans: Any) -> None:
     url, _ = cluster
     items = [f"item {i}" for i in range(100)]  # at most 64 items a work item: two
-    r = httpx.post(f"{url}/v1/encode/{MODEL}", json={"items": items}, timeout=30,
-                   headers={"x-request-id": "trace-two",
+    r = local_http.post(f"{url}/v1/encode/{MODEL}", json={"items": items}, timeout=30,
+                        headers={"x-request-id": "trace-two",
                             "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"})
     assert r.status_code == 200, r.text
     by_name = trace_of(spans, "trace-two", ["heron.gateway.request", "heron.worker.respond"],
@@ -221,8 +222,8 @@ def test_malformed_traceparent_starts_a_new_trace(cluster: tuple[str, str], span
                                                   traceparent: str) -> None:
     url, _ = cluster
     request_id = unique("bad-tp")
-    r = httpx.post(f"{url}/v1/encode/{MODEL}", json={"items": ["x"]}, timeout=30,
-                   headers={"x-request-id": request_id, "traceparent": traceparent})
+    r = local_http.post(f"{url}/v1/encode/{MODEL}", json={"items": ["x"]}, timeout=30,
+                        headers={"x-request-id": request_id, "traceparent": traceparent})
     assert r.status_code == 200, r.text
     request = one(trace_of(spans, request_id, ["heron.gateway.request"]),
                   "heron.gateway.request")
@@ -234,8 +235,8 @@ def test_malformed_traceparent_starts_a_new_trace(cluster: tuple[str, str], span
 def test_single_node_continues_the_http_traceparent(bundle: Path, spans: Any) -> None:
     server = AppThread(create_app(load_bundle(bundle))).start()
     try:
-        r = httpx.post(f"{server.url}/v1/encode/{MODEL}", json={"items": ["hello"]},
-                       headers={"x-request-id": "serve-one",
+        r = local_http.post(f"{server.url}/v1/encode/{MODEL}", json={"items": ["hello"]},
+                            headers={"x-request-id": "serve-one",
                                 "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}, timeout=30)
         assert r.status_code == 200, r.text
         phases = ["request", "tokenize", "batch_wait", "inference", "postprocess"]
@@ -248,9 +249,9 @@ def test_single_node_continues_the_http_traceparent(bundle: Path, spans: Any) ->
             assert parent_of(one(by_name, f"heron.worker.{phase}")) == \
                 request.context.span_id, phase
 
-        bad = httpx.post(f"{server.url}/v1/encode/{MODEL}", json={"items": ["hello"]},
-                         headers={"x-request-id": "serve-bad", "traceparent": "00-nope"},
-                         timeout=30)
+        bad = local_http.post(f"{server.url}/v1/encode/{MODEL}", json={"items": ["hello"]},
+                              headers={"x-request-id": "serve-bad", "traceparent": "00-nope"},
+                              timeout=30)
         assert bad.status_code == 200
         fresh = one(trace_of(spans, "serve-bad", ["heron.worker.request"]),
                     "heron.worker.request")

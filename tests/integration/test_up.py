@@ -18,6 +18,7 @@ import pytest
 from heron.cli.main import usable_cpus
 from heron.cli.up import NVIDIA_DEVICE
 from heron_sdk import Client
+from tests.support import local_http
 from tests.support.servers import REPO, free_port
 
 
@@ -87,7 +88,7 @@ class UpProcess:
         return self.proc.returncode
 
     def healthy_workers(self) -> int:
-        ready = httpx.get(self.url + "/readyz", timeout=2).json()
+        ready = local_http.get(self.url + "/readyz", timeout=2).json()
         return ready["pools"]["default"]["healthy_workers"]
 
 
@@ -95,9 +96,9 @@ class UpProcess:
 def test_scale_from_zero_then_idle_scale_down(tmp_path: Path, http: httpx.Client) -> None:
     up = UpProcess(tmp_path, "--workers", "0", "--min-workers", "0", "--idle-cooldown", "3")
     try:
-        up.wait_for(lambda: httpx.get(up.url + "/readyz", timeout=1).status_code == 200)
+        up.wait_for(lambda: local_http.get(up.url + "/readyz", timeout=1).status_code == 200)
         body = {"items": ["wake the pool"]}
-        first = httpx.post(up.url + "/v1/encode/minilm", json=body, timeout=10)
+        first = local_http.post(up.url + "/v1/encode/minilm", json=body, timeout=10)
         assert first.status_code == 202, first.text
         assert int(first.headers["retry-after"]) >= 1
         info = first.json()
@@ -127,7 +128,7 @@ def test_up_serves_and_stops_without_orphans(tmp_path: Path) -> None:
     up = UpProcess(tmp_path, unset=("HERON_WORKERS",))
     workers = 1 if Path(NVIDIA_DEVICE).exists() else min(usable_cpus(), 4)
     try:
-        up.wait_for(lambda: httpx.get(up.url + "/readyz", timeout=1).status_code == 200
+        up.wait_for(lambda: local_http.get(up.url + "/readyz", timeout=1).status_code == 200
                     and up.healthy_workers() == workers)
         names = " ".join(up.child_commands())
         assert "nats-server" in names and " gateway " in names and " worker " in names
@@ -141,7 +142,7 @@ def test_up_serves_and_stops_without_orphans(tmp_path: Path) -> None:
         (nats_server,) = up.children_with("nats-server")
         assert nats_server.environ()["GOMAXPROCS"] == os.environ.get(
             "GOMAXPROCS", str(max(1, usable_cpus() // 4)))
-        r = httpx.post(up.url + "/v1/encode/minilm", json={"items": ["a", "b"]}, timeout=30)
+        r = local_http.post(up.url + "/v1/encode/minilm", json={"items": ["a", "b"]}, timeout=30)
         assert r.status_code == 200 and len(r.json()["items"]) == 2
         text = up.log.read_text()
         assert f"gateway on http://127.0.0.1:{up.port}" in text and "nats-server on" in text

@@ -7,17 +7,17 @@ import signal
 import time
 from pathlib import Path
 
-import httpx
 import nats
 import pytest
 
 from heron.runtime.nats_names import POOLS_BUCKET, work_stream
 from tests.integration.test_up import UpProcess
+from tests.support import local_http
 from tests.support.servers import free_ports
 
 
 def encode_status(up: UpProcess) -> int:
-    r = httpx.post(up.url + "/v1/encode/minilm", json={"items": ["three nodes"]}, timeout=30)
+    r = local_http.post(up.url + "/v1/encode/minilm", json={"items": ["three nodes"]}, timeout=30)
     assert r.status_code != 200 or len(r.json()["items"][0]["dense"]) == 384
     return r.status_code
 
@@ -28,7 +28,7 @@ async def test_three_nats_nodes_three_replicas(tmp_path: Path) -> None:
     urls = [f"nats://127.0.0.1:{base + i}" for i in range(3)]
     up = UpProcess(tmp_path, "--nats-nodes", "3", "--workers", "1", nats_port=base)
     try:
-        up.wait_for(lambda: httpx.get(up.url + "/readyz", timeout=1).status_code == 200
+        up.wait_for(lambda: local_http.get(up.url + "/readyz", timeout=1).status_code == 200
                     and up.healthy_workers() == 1, timeout_s=180)
         assert encode_status(up) == 200
         commands = up.child_commands()

@@ -24,6 +24,7 @@ from heron.gateway.app import create_app
 from heron.gateway.status_page import ClusterStatusPage, subscribe_supervisor_events
 from heron.runtime.nats_names import SUPERVISOR_EVENTS
 from tests.integration.test_up import UpProcess
+from tests.support import local_http
 from tests.support.nats_server import NatsServer
 
 
@@ -46,13 +47,13 @@ def child(up: UpProcess, mark: str) -> psutil.Process:
 
 
 def ready_workers(up: UpProcess) -> int:
-    response = httpx.get(up.url + "/readyz", timeout=2)
+    response = local_http.get(up.url + "/readyz", timeout=2)
     return response.status_code == 200 and up.healthy_workers()
 
 
 def encode(up: UpProcess) -> int:
-    return httpx.post(up.url + "/v1/encode/minilm", json={"items": ["still here"]},
-                      timeout=30).status_code
+    return local_http.post(up.url + "/v1/encode/minilm", json={"items": ["still here"]},
+                           timeout=30).status_code
 
 
 @pytest.mark.slow
@@ -76,7 +77,7 @@ async def test_dead_children_are_restarted_and_reported(tmp_path: Path) -> None:
                     60, "the gateway restarted")
         assert "heron up: gateway exited with status -9; restarting in 0.5 s (restart 1)" \
             in up.log.read_text()
-        assert httpx.get(up.url + "/healthz", timeout=5).status_code == 200
+        assert local_http.get(up.url + "/healthz", timeout=5).status_code == 200
         await until(up, lambda: [e["event"] for e in events if e["child"] == "gateway"][:2]
                     == ["exited", "restarted"], 10, "the gateway's events")
         died = next(e for e in events if e["event"] == "exited")
@@ -105,7 +106,7 @@ async def test_dead_children_are_restarted_and_reported(tmp_path: Path) -> None:
         new = re.findall(r"worker (\S+) starting \((http://[^)]+)\)", up.log.read_text())[-1]
         assert new[0] != old_id and f"heron up: worker {new[0]} restarted (restart 1)" \
             in up.log.read_text()
-        await until(up, lambda: httpx.get(new[1] + "/readyz", timeout=2).status_code == 200,
+        await until(up, lambda: local_http.get(new[1] + "/readyz", timeout=2).status_code == 200,
                     150, "the new worker ready")
         await until(up, lambda: encode(up) == 200, 10, "the gateway routing to it")
     finally:

@@ -12,11 +12,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from tests.integration.test_up import UpProcess
+from tests.support import local_http
 from tests.support.nats_server import NatsServer
 from tests.support.servers import REPO, free_port
 
@@ -96,7 +96,7 @@ def test_nats_given_with_nats_is_used_not_started(tmp_path: Path) -> None:
     nats = NatsServer(tmp_path / "external").start()
     up = UpProcess(tmp_path, "--nats", nats.url, "--workers", "0", "--min-workers", "0")
     try:
-        up.wait_for(lambda: httpx.get(up.url + "/readyz", timeout=1).status_code == 200)
+        up.wait_for(lambda: local_http.get(up.url + "/readyz", timeout=1).status_code == 200)
         commands = up.child_commands()
         assert not any("nats-server" in c for c in commands), commands
         assert all(f"--nats {nats.url}" in c for c in commands), commands

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -37,6 +36,7 @@ from heron.runtime.modelconfig import ModelConfig, parse_model_config
 from heron.worker.adapters.dense import DenseAdapter
 from heron.worker.weight_stats import weight_cache_stats
 from heron.worker.weights import WeightsTemporarilyUnavailable, WeightsUnavailable, resolve_weights
+from tests.support import local_http
 from tests.support.config_procs import MotoS3
 from tests.support.fake_hub import FakeHub
 from tests.support.servers import REPO, free_port, start_serve
@@ -176,7 +176,8 @@ def test_empty_local_cache_serves_minilm_from_s3(env: dict[str, Any], tmp_path: 
         texts = ["hello world", "Paris is the capital of France."]
         vectors = {}
         for model in ("sentence-transformers/all-MiniLM-L6-v2", "local/minilm-package"):
-            r = httpx.post(f"{server.url}/v1/encode/{model}", json={"items": texts}, timeout=60)
+            r = local_http.post(f"{server.url}/v1/encode/{model}", json={"items": texts},
+                                timeout=60)
             assert r.status_code == 200, r.text
             vectors[model] = np.array([item["dense"] for item in r.json()["items"]])
     finally:

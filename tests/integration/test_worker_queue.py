@@ -25,6 +25,7 @@ from heron.runtime.nats_names import (
 from heron.runtime.protocol import WorkItemHeaders
 from heron_sdk import wire
 from heron_sdk.types import EncodeRequest, Item
+from tests.support import local_http
 from tests.support.cluster_procs import WorkerProcess
 from tests.support.nats_server import NatsServer
 
@@ -111,7 +112,7 @@ def test_queue_mode_answers_like_single_node(worker: WorkerProcess, nats_server:
 
 def test_expired_and_bad_work_items_are_answered_not_computed(
         worker: WorkerProcess, nats_server: NatsServer, worker_pool: str) -> None:
-    before = items_done(httpx.get(worker.url + "/metrics").text)
+    before = items_done(local_http.get(worker.url + "/metrics").text)
     requests = [("late", {"items": ["too late"]}, time.time() - 1),
                 ("bad", {"items": []}, None),
                 ("ok", {"items": ["fine"]}, time.time() + 30)]
@@ -120,7 +121,7 @@ def test_expired_and_bad_work_items_are_answered_not_computed(
     assert results["bad"]["error"]["code"] == "INVALID_FIELD"
     assert len(results["ok"]["body"]["items"]) == 1
     assert results["_left_in_stream"]["messages"] == 0
-    metrics = httpx.get(worker.url + "/metrics").text
+    metrics = local_http.get(worker.url + "/metrics").text
     # Only the good item reached the model (the warm-up batch is not counted as items).
     assert items_done(metrics) - before == 1.0
 
@@ -211,7 +212,7 @@ def test_two_workers_share_work_and_survive_kill_9(nats_server: NatsServer, pool
                                        want["items"][0]["dense"], atol=2e-5)
         # Both shared the load: a had computed some before it died, b the rest.
         assert results["_a"]["items"] > 0
-        assert items_done(httpx.get(b.url + "/metrics").text) > 0
+        assert items_done(local_http.get(b.url + "/metrics").text) > 0
         assert results["_left_in_stream"]["messages"] == 0
     finally:
         a.stop(signal.SIGKILL)

@@ -16,6 +16,7 @@ from heron_sdk import Client
 from tests.parity.compare import assert_encoder_matches
 from tests.parity.conftest import SERVER_ARGS, ParityCase, case_named
 from tests.parity.texts import parity_texts
+from tests.support import local_http
 from tests.support.servers import start_serve
 
 TEXTS = parity_texts()
@@ -44,18 +45,18 @@ def test_custom_code_without_the_opt_in_fails_to_load(parity_cases: dict[str, Pa
             assert server.proc.poll() is None, server.log()
             assert time.monotonic() < deadline, f"{described}\n{server.log()}"
             with contextlib.suppress(httpx.HTTPError):
-                described = httpx.get(f"{server.url}/v1/models/{model_id}", timeout=5).json()
+                described = local_http.get(f"{server.url}/v1/models/{model_id}", timeout=5).json()
             assert described.get("state") != "ready", "loaded without trust_remote_code"
             time.sleep(0.2)
         assert "trust_remote_code" in described["error"], described
         assert "CheckpointError" in described["error"], described
-        r = httpx.post(f"{server.url}/v1/encode/{model_id}", json={"items": ["a text"]},
-                       timeout=30)
+        r = local_http.post(f"{server.url}/v1/encode/{model_id}", json={"items": ["a text"]},
+                            timeout=30)
         assert r.status_code == 502, r.text
         error = r.json()["error"]
         assert error["code"] == "MODEL_LOAD_FAILED"
         assert "trust_remote_code" in error["message"], error
-        assert httpx.get(f"{server.url}/readyz", timeout=5).json()["status"] == "failed"
+        assert local_http.get(f"{server.url}/readyz", timeout=5).json()["status"] == "failed"
     finally:
         server.stop()
 

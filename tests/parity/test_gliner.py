@@ -28,6 +28,7 @@ import yaml
 
 from tests.parity import reference_build
 from tests.parity.conftest import SERVER_ARGS
+from tests.support import local_http
 from tests.support.servers import ServerProcess, start_serve
 
 MODEL = "parity/gliner"
@@ -57,7 +58,7 @@ def server(expected: tuple[Path, list[dict[str, Any]]],
 
 
 def _extract(server: ServerProcess, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{server.url}/v1/extract/{MODEL}", json=body, timeout=60)
+    return local_http.post(f"{server.url}/v1/extract/{MODEL}", json=body, timeout=60)
 
 
 def test_entities_match_gliner_predict_entities(
@@ -89,7 +90,7 @@ def test_entities_match_gliner_predict_entities(
 
 
 def test_model_is_detected_as_gliner(server: ServerProcess) -> None:
-    info = httpx.get(f"{server.url}/v1/models/{MODEL}", timeout=10).json()
+    info = local_http.get(f"{server.url}/v1/models/{MODEL}", timeout=10).json()
     assert info["adapter"] == "gliner" and info["task"] == "extract", info
     assert info["detected"]["format"] == "gliner"
 
@@ -264,7 +265,7 @@ def test_through_the_gateway_and_a_worker(cluster_url: str) -> None:
     tiny GLiNER): different label sets at once, and refusals from the gateway's parser and
     from the worker alike are 422s."""
     def post(body: dict[str, Any]) -> httpx.Response:
-        return httpx.post(f"{cluster_url}/v1/extract/tiny-gliner", json=body, timeout=60)
+        return local_http.post(f"{cluster_url}/v1/extract/tiny-gliner", json=body, timeout=60)
 
     text = "Ada Lovelace met Charles Babbage in London."
     bodies = [{"items": [text, "Paris"], "labels": labels, "threshold": 0.0}

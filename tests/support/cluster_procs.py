@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from tests.support import local_http
 from tests.support.servers import REPO, free_port
 
 
@@ -49,7 +50,7 @@ class ChildProcess:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log_path.read_text()
             try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                if local_http.get(self.url + "/readyz", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -73,7 +74,7 @@ class ChildProcess:
 
     def metric(self, name: str) -> float:
         """A Prometheus counter or gauge from /metrics, summed over its labels."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
+        text = local_http.get(self.url + "/metrics", timeout=10).text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith((name + "{", name + " ")))
 

@@ -25,6 +25,7 @@ from nats.js.errors import NotFoundError
 from heron.config_service.app import create_app
 from heron.runtime.nats_names import CONFIG_STREAM
 from heron_sdk import wire
+from tests.support import local_http
 from tests.support.cluster_procs import ChildProcess
 from tests.support.nats_server import NatsServer
 from tests.support.servers import free_port
@@ -101,13 +102,13 @@ class InProcessConfig:
     def post(self, body: Any, *, content_type: str = "application/json",
              headers: dict[str, str] | None = None) -> httpx.Response:
         data = body if isinstance(body, bytes) else wire.encode(body, wire.JSON)
-        return httpx.post(f"{self.url}/v1/configs/models", content=data, timeout=30,
-                          headers={"Content-Type": content_type, **self.headers,
+        return local_http.post(f"{self.url}/v1/configs/models", content=data, timeout=30,
+                               headers={"Content-Type": content_type, **self.headers,
                                    **(headers or {})})
 
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         kwargs.setdefault("headers", self.headers)
-        return httpx.get(f"{self.url}{path}", timeout=30, **kwargs)
+        return local_http.get(f"{self.url}{path}", timeout=30, **kwargs)
 
 
 LONG_LEASE_S = 30.0
@@ -122,7 +123,7 @@ def wait_status(url: str, timeout_s: float, *, leader: bool | None = None,
         if proc is not None:
             assert proc.poll() is None, "the config service exited"
         try:
-            r = httpx.get(f"{url}/readyz", timeout=2)
+            r = local_http.get(f"{url}/readyz", timeout=2)
             last = r.text
             if r.status_code == 200 and (leader is None or r.json()["leader"] is leader):
                 return r.json()
@@ -147,11 +148,11 @@ class LeaderConfigProcess(ChildProcess):
         self.headers = {"Authorization": f"Bearer {ADMIN}"}
 
     def status(self) -> dict[str, Any]:
-        return httpx.get(f"{self.url}/readyz", timeout=2).json()
+        return local_http.get(f"{self.url}/readyz", timeout=2).json()
 
     def post(self, body: dict[str, Any]) -> httpx.Response:
-        return httpx.post(f"{self.url}/v1/configs/models", json=body, headers=self.headers,
-                          timeout=30)
+        return local_http.post(f"{self.url}/v1/configs/models", json=body, headers=self.headers,
+                               timeout=30)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -223,7 +224,7 @@ class MotoS3:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log_path.read_text()
             try:
-                httpx.get(self.url, timeout=1)
+                local_http.get(self.url, timeout=1)
                 return
             except httpx.HTTPError:
                 time.sleep(0.1)

@@ -42,6 +42,7 @@ from heron.runtime.nats_names import (
 )
 from heron.runtime.protocol import WorkerHeartbeat, WorkItemHeaders, WorkResult
 from heron_sdk import wire
+from tests.support import local_http
 from tests.support.servers import REPO, ServerProcess, free_port, wait_until
 
 # ---- bundles: configs only (the fake worker needs no weights) -----------------------------
@@ -93,7 +94,7 @@ class GatewayThread:
         path = "/readyz" if wait_ready else "/healthz"
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + path, timeout=2).status_code == 200:
+                if local_http.get(self.url + path, timeout=2).status_code == 200:
                     return self
             time.sleep(0.05)
         self.stop()

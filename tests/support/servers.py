@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support import local_http
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -109,7 +111,7 @@ def wait_until(server: ServerProcess, path: str, timeout_s: float) -> None:
         if server.proc.poll() is not None:
             raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()}")
         try:
-            response = httpx.get(server.url + path, timeout=2)
+            response = local_http.get(server.url + path, timeout=2)
             if response.status_code == 200:
                 return
             if path == "/readyz" and response.json().get("status") == "failed":
