@@ -1,11 +1,11 @@
 """Live servers answer as their OpenAPI document says: schemathesis sends bodies the document
 allows and bodies it refuses (JSON and msgpack) to `heron serve` and to the gateway of a real
-cluster (nats-server, a `heron worker`), and every answer must be documented, match its
-schema, never be a 5xx, and refuse what the document refuses; the config service of its own
-(a fresh store and nats-server: its POSTs add models) gets the same, with the admin token.
-The document each server
-serves at /openapi.json is the one generated from its declared operations, and /docs shows
-it with assets from the installed swagger-ui-bundle package."""
+cluster (nats-server, a `heron worker`), each body of an operation both serve to both, and
+every answer must be documented, match its schema, never be a 5xx, and refuse what the
+document refuses; the config service of its own (a fresh store and nats-server: its POSTs
+add models) gets the same, with the admin token. The document each server serves at
+/openapi.json is the one generated from its declared operations, and /docs shows it with
+assets from the installed swagger-ui-bundle package."""
 
 from __future__ import annotations
 
@@ -131,13 +131,15 @@ def deadline_too_short(case: Any, response: Any) -> bool:
             and timeout_s < UNMEETABLE_DEADLINE_S)
 
 
-def fuzz(url: str, document: dict[str, Any], path: str, method: str, *,
+def fuzz(urls: dict[str, str], document: dict[str, Any], path: str, method: str, *,
          headers: dict[str, str] | None = None, max_examples: int = MAX_EXAMPLES,
          invalid_examples: int | None = None,
          positive: Callable[[dict[str, Any]], dict[str, Any]] = small_bodies) -> list[str]:
     """Send ``max_examples`` valid cases (from ``positive(document)``) and
     ``invalid_examples`` (default: INVALID_EXAMPLES) invalid ones (from ``document``) to one
-    operation, with ``headers``; the failures, described."""
+    operation of each server in ``urls`` (name: base URL), with ``headers``; the failures,
+    described. Each drawn case goes to every server: drawing it is most of the cost (the
+    hypothesis engine was two thirds of a pytest process's CPU in this file)."""
     config = SchemathesisConfig.from_dict(
         {"checks": {"negative_data_rejection": {"expected-statuses": REFUSALS}}})
     operations = {
@@ -146,30 +148,33 @@ def fuzz(url: str, document: dict[str, Any], path: str, method: str, *,
             else document, config=config)[path][method.upper()]
         for mode in schemathesis.GenerationMode}
     failures: list[str] = []
-    statuses: Counter[int] = Counter()
+    statuses: dict[str, Counter[int]] = {name: Counter() for name in urls}
     sent: Counter[str | None] = Counter()  # the bodies' content types
     spec = document["paths"][path][method]
     modes = [schemathesis.GenerationMode.POSITIVE]
     if "requestBody" in spec or "parameters" in spec:  # something to make invalid
         modes.append(schemathesis.GenerationMode.NEGATIVE)
     for mode in modes:
-        fuzz_mode(url, operations[mode], mode, failures, statuses, sent, headers=headers,
+        fuzz_mode(urls, operations[mode], mode, failures, statuses, sent, headers=headers,
                   max_examples=max_examples if mode is schemathesis.GenerationMode.POSITIVE
                   else invalid_examples or min(INVALID_EXAMPLES, max_examples))
-    print(f"{method.upper()} {path}: {dict(sorted(statuses.items()))} {dict(sent)}")
+    for name in urls:
+        print(f"{name} {method.upper()} {path}: {dict(sorted(statuses[name].items()))} "
+              f"{dict(sent)}")
     for media in spec.get("requestBody", {}).get("content", {}):
         if not sent[media]:
             failures.append(f"no body was sent as {media}")
     names_a_model = "{model}" in path or path == "/v1/embeddings"
-    if names_a_model and not any(200 <= status < 300 for status in statuses):
-        failures.append("no request was answered 2xx")  # the served models answer some
+    for name in urls:
+        if names_a_model and not any(200 <= status < 300 for status in statuses[name]):
+            failures.append(f"{name}: no request was answered 2xx")  # its models answer some
     return failures
 
 
-def fuzz_mode(url: str, operation: Any, mode: schemathesis.GenerationMode,
-              failures: list[str], statuses: Counter[int], sent: Counter[str | None], *,
-              headers: dict[str, str] | None = None, max_examples: int = MAX_EXAMPLES
-              ) -> None:
+def fuzz_mode(urls: dict[str, str], operation: Any, mode: schemathesis.GenerationMode,
+              failures: list[str], statuses: dict[str, Counter[int]],
+              sent: Counter[str | None], *, headers: dict[str, str] | None = None,
+              max_examples: int = MAX_EXAMPLES) -> None:
     checks = CHECKS + ([negative_data_rejection]
                        if mode is schemathesis.GenerationMode.NEGATIVE else [])
 
@@ -177,20 +182,22 @@ def fuzz_mode(url: str, operation: Any, mode: schemathesis.GenerationMode,
               phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     @given(operation.as_strategy(generation_mode=mode))
     def one_case(case: Any) -> None:
-        response = case.call(base_url=url, timeout=60, headers=headers)
-        statuses[response.status_code] += 1
         sent[case.media_type] += 1
-        problem = None
-        if response.status_code >= 500 and not deadline_too_short(case, response):
-            problem = "server error"
-        else:
-            try:
-                case.validate_response(response, checks=checks)
-            except (Exception, BaseExceptionGroup) as exc:  # schemathesis' FailureGroup
-                problem = " / ".join(str(exc).split("\n\n")[:3])
-        if problem is not None:
-            failures.append(f"{mode.value} {response.status_code} {problem} "
-                            f"body={repr(case.body)[:300]} answer={response.content[:300]!r}")
+        for name, url in urls.items():
+            response = case.call(base_url=url, timeout=60, headers=headers)
+            statuses[name][response.status_code] += 1
+            problem = None
+            if response.status_code >= 500 and not deadline_too_short(case, response):
+                problem = "server error"
+            else:
+                try:
+                    case.validate_response(response, checks=checks)
+                except (Exception, BaseExceptionGroup) as exc:  # schemathesis' FailureGroup
+                    problem = " / ".join(str(exc).split("\n\n")[:3])
+            if problem is not None:
+                failures.append(f"{name}: {mode.value} {response.status_code} {problem} "
+                                f"body={repr(case.body)[:300]} "
+                                f"answer={response.content[:300]!r}")
 
     for attempt in range(1, NEGATIVE_ATTEMPTS + 1):
         try:
@@ -225,19 +232,26 @@ def gateway_document(cluster_url: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("path", "method"), operations_of(INFERENCE_OPERATIONS))
-def test_heron_serve_answers_as_documented(base_url: str, serve_document: dict[str, Any],
-                                           path: str, method: str) -> None:
-    failures = fuzz(base_url, serve_document, path, method)
+def test_heron_serve_and_the_gateway_answer_as_documented(
+        base_url: str, cluster_url: str, serve_document: dict[str, Any],
+        gateway_document: dict[str, Any], path: str, method: str) -> None:
+    """The operations both serve, with the same cases sent to both (their documents
+    describe these operations alike)."""
+    assert gateway_document["paths"][path] == serve_document["paths"][path]
+    shared = gateway_document["components"]["schemas"]
+    assert {name: shared.get(name) for name in serve_document["components"]["schemas"]} \
+        == serve_document["components"]["schemas"]
+    failures = fuzz({"heron serve": base_url, "gateway": cluster_url}, serve_document,
+                    path, method)
     assert not failures, f"{len(failures)} answers broke the document:\n" + "\n".join(
         failures[:5])
 
 
-@pytest.mark.parametrize(("path", "method"),
-                         operations_of((*INFERENCE_OPERATIONS, *GATEWAY_OPERATIONS)))
+@pytest.mark.parametrize(("path", "method"), operations_of(GATEWAY_OPERATIONS))
 def test_the_gateway_answers_as_documented(cluster_url: str,
                                            gateway_document: dict[str, Any],
                                            path: str, method: str) -> None:
-    failures = fuzz(cluster_url, gateway_document, path, method)
+    failures = fuzz({"gateway": cluster_url}, gateway_document, path, method)
     assert not failures, f"{len(failures)} answers broke the document:\n" + "\n".join(
         failures[:5])
 
@@ -362,7 +376,8 @@ def without_property_names(node: Any) -> Any:
 def test_the_config_service_answers_as_documented(config_url: str,
                                                   config_document: dict[str, Any],
                                                   path: str, method: str) -> None:
-    failures = fuzz(config_url, without_property_names(config_document), path, method,
+    failures = fuzz({"config service": config_url}, without_property_names(config_document),
+                    path, method,
                     headers={"Authorization": f"Bearer {config_procs.ADMIN}"},
                     max_examples=CONFIG_EXAMPLES, invalid_examples=CONFIG_EXAMPLES,
                     positive=with_config_names)
