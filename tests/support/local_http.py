@@ -1,10 +1,10 @@
 """The tests' one-off HTTP requests (readiness polls, a single POST), on one client per
-test process instead of local_http.get()'s new client per call.
+test process instead of httpx.get()'s new client per call.
 
 A new httpx client builds an SSL context, loading certifi's CA bundle, even for plain
 http: 47 ms of CPU a call on this 2-core machine, against 0.3 ms for a request on a client
 that exists. A readiness poll every 0.2 s spent a quarter of a core that way while a
-server started, and `make test` starts about 80 of them. Like local_http.get(), this client
+server started, and `make test` starts about 80 of them. Like httpx.get(), this client
 keeps no connection open between requests, so none goes out on a socket that a stopped
 server left behind; like it, a request's timeout defaults to 5 s.
 """
