@@ -3,11 +3,11 @@ after the processes sat idle: the floor under the cluster path's one-client late
 
     python -m bench.nats_wakeup_bench [--rounds N] [--requests N] [--out DIR]
 
-A lone request through `heron up` crosses about six process wakeups in a row (client to
+A lone request through `heron up` crosses six process wakeups in a row (client to
 gateway, gateway to nats-server, nats-server to a worker and back, back to the client),
 `heron serve` two. A process that sat idle wakes slower than one that is busy, by how much
-depends on the host (a VM's idle vCPUs cost the most), and that difference, not Python,
-set most of the 1-client gap between `heron up` and `heron serve` on the slow days
+depends on the host (a VM's idle vCPUs cost the most): on 2026-11-29 that difference was
+0.8-1.5 ms of the 4-5 ms 1-client gap between `heron up` and `heron serve`
 (docs/benchmarks.md#cluster-path-cost-per-request).
 
 Measured with nats-py, the client the gateway and the workers use, against one local

@@ -104,7 +104,7 @@ class InProcessConfig:
         data = body if isinstance(body, bytes) else wire.encode(body, wire.JSON)
         return local_http.post(f"{self.url}/v1/configs/models", content=data, timeout=30,
                                headers={"Content-Type": content_type, **self.headers,
-                                   **(headers or {})})
+                                        **(headers or {})})
 
     def get(self, path: str, **kwargs: Any) -> httpx.Response:
         kwargs.setdefault("headers", self.headers)
