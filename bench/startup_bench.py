@@ -7,14 +7,16 @@ every server start in the test suite pays. Three starts, each ``--rounds`` times
 time and interleaved: ``heron serve`` with the null model and with MiniLM (one process),
 and ``heron up`` with MiniLM (nats-server, config service, gateway, one worker). A start
 ends with the first 200 to a one-text ``POST /v1/encode`` (sent every 50 ms): through
-``heron up`` that needs a ready worker, not only a gateway. Writes ``startup_bench.json``:
-each start's seconds and their median.
+``heron up`` that needs a ready worker, not only a gateway. Then the server gets SIGTERM.
+Writes ``startup_bench.json``: per start, seconds to ready, seconds from SIGTERM to exit,
+and the CPU seconds of the server and its children from launch to exit, with medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -49,46 +51,75 @@ STARTS = {
 }
 
 
-def time_to_ready(name: str, work: Path, timeout_s: float = 180.0) -> float:
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def start_and_stop(name: str, work: Path, timeout_s: float = 180.0) -> dict[str, float]:
+    """One start: seconds to the first answer (``ready_s``), seconds from SIGTERM to the
+    launched process's exit (``stop_s``), and the CPU seconds the server and every process
+    it started used from launch to exit (``cpu_s``: what each start and stop in the test
+    suite costs the machine)."""
     command, bundle, model = STARTS[name]
     argv, port = command(bundle, work)
     work.mkdir(parents=True, exist_ok=True)
+    cpu_before = _children_cpu_s()
     with open(work / "server.log", "wb") as out:
         started = time.monotonic()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     try:
-        while time.monotonic() - started < timeout_s:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited {proc.returncode}: "
-                                   f"{(work / 'server.log').read_text()[-2000:]}")
-            try:
-                if http("POST", f"http://{HOST}:{port}/v1/encode/{model}",
-                        {"items": ["ready?"]}, timeout=5)[0] == 200:
-                    return time.monotonic() - started
-            except OSError:
-                pass
-            time.sleep(POLL_S)
-        raise TimeoutError(f"{name} not ready within {timeout_s} s")
+        ready_s = _wait_ready(name, proc, port, model, work, started, timeout_s)
     finally:
+        stopping = time.monotonic()
         proc.terminate()
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    return {"ready_s": ready_s, "stop_s": time.monotonic() - stopping,
+            "cpu_s": _children_cpu_s() - cpu_before}
+
+
+def _wait_ready(name: str, proc: subprocess.Popen[bytes], port: int, model: str, work: Path,
+                started: float, timeout_s: float) -> float:
+    while time.monotonic() - started < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited {proc.returncode}: "
+                               f"{(work / 'server.log').read_text()[-2000:]}")
+        try:
+            if http("POST", f"http://{HOST}:{port}/v1/encode/{model}",
+                    {"items": ["ready?"]}, timeout=5)[0] == 200:
+                return time.monotonic() - started
+        except OSError:
+            pass
+        time.sleep(POLL_S)
+    raise TimeoutError(f"{name} not ready within {timeout_s} s")
 
 
 def run(rounds: int, out: Path) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="heron-startup-bench-"))
-    seconds: dict[str, list[float]] = {name: [] for name in STARTS}
+    measures = ("ready_s", "stop_s", "cpu_s")
+    results: dict[str, dict[str, list[float]]] = {
+        name: {m: [] for m in measures} for name in STARTS}
     for i in range(rounds):
         for name in STARTS:
-            took = time_to_ready(name, root / f"{i}-{name.replace(', ', '-')}")
-            seconds[name].append(round(took, 3))
-            log(f"round {i + 1}: {name}: ready in {took:.2f} s")
-    result = {"benchmark": "startup", "rounds": rounds, "seconds": seconds,
-              "median_s": {name: round(statistics.median(s), 3)
-                           for name, s in seconds.items()}}
+            one = start_and_stop(name, root / f"{i}-{name.replace(', ', '-')}")
+            for m in measures:
+                results[name][m].append(round(one[m], 3))
+            log(f"round {i + 1}: {name}: ready in {one['ready_s']:.2f} s, stopped in "
+                f"{one['stop_s']:.2f} s, {one['cpu_s']:.1f} CPU-s")
+    result = {"benchmark": "startup", "rounds": rounds,
+              "seconds": {name: r["ready_s"] for name, r in results.items()},
+              "stop_seconds": {name: r["stop_s"] for name, r in results.items()},
+              "cpu_seconds": {name: r["cpu_s"] for name, r in results.items()},
+              "median_s": {name: round(statistics.median(r["ready_s"]), 3)
+                           for name, r in results.items()},
+              "median_stop_s": {name: round(statistics.median(r["stop_s"]), 3)
+                                for name, r in results.items()},
+              "median_cpu_s": {name: round(statistics.median(r["cpu_s"]), 3)
+                               for name, r in results.items()}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "startup_bench.json").write_text(json.dumps(result, indent=2))
     return result

@@ -21,7 +21,7 @@ from heron.cli.catalog import add_catalog_flags
 from heron.cli.client import add_client_commands
 from heron.cli.jobs import add_jobs_command
 from heron.cli.up import add_up_parser
-from heron.runtime import transformers_scan
+from heron.runtime import heap, transformers_scan
 from heron.runtime.modelconfig import Bundle, ConfigError, load_bundle, load_model_config
 
 # Before anything imports transformers: its model-folder scan is read from disk (about 1 s
@@ -195,6 +195,7 @@ def serve_app_from_env() -> object:
     error (checked in the parent already) exits with uvicorn's start-up failure status 3,
     one line, no traceback."""
     args = argparse.Namespace(**json.loads(os.environ[_SERVE_ARGS_ENV]))
+    heap.freeze_at_exit()
     configure_logs(args)
     try:
         return _build_worker_app(args, None)
@@ -438,6 +439,7 @@ def configure_logs(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    heap.freeze_at_exit()
     try:
         configure_logs(args)
         return args.func(args)

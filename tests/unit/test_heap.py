@@ -1,15 +1,19 @@
 """heron.runtime.heap: frozen start-up objects leave the collector's walks; a release
-collects the cycles among them that became garbage (an evicted model's)."""
+collects the cycles among them that became garbage (an evicted model's); a process that
+exits leaves its heap to the OS, not to the collector."""
 
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import weakref
 from collections.abc import Iterator
 
 import pytest
 
 from heron.runtime import heap
+from tests.support.servers import REPO
 
 
 class Node:
@@ -55,3 +59,28 @@ def test_a_thaw_lets_every_frozen_cycle_be_collected() -> None:
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert alive() is None
+
+
+EXITING = """
+import atexit, gc, sys
+atexit.register(lambda: print("after the exit handlers:", gc.get_freeze_count() > 0))
+from heron.runtime import heap
+from tests.support.servers import REPO
+heap.freeze_at_exit()
+heap.freeze_at_exit()
+atexit.register(lambda: print("in a later handler:", gc.get_freeze_count() > 0))
+heap.settle()
+heap.thaw()  # an app stopped: the whole heap is walked again, as at a server's exit
+sys.exit(3)
+"""
+
+
+def test_an_exiting_process_freezes_its_heap_once_its_handlers_have_run() -> None:
+    """The interpreter's final collections walk nothing; the exit handlers registered
+    after (each app's clean-up) still run first, on a heap that collects as usual, and the
+    exit status is kept."""
+    proc = subprocess.run([sys.executable, "-c", EXITING], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.splitlines() == ["in a later handler: False",
+                                        "after the exit handlers: True"]
