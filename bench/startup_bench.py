@@ -5,9 +5,10 @@
 What a scaled-to-zero pool waits for (the gateway's 202 + Retry-After covers it), and what
 every server start in the test suite pays. Three starts, each ``--rounds`` times, one at a
 time and interleaved: ``heron serve`` with the null model and with MiniLM (one process),
-and ``heron up`` with MiniLM (nats-server, config service, gateway, one worker). A start
-ends with the first 200 to a one-text ``POST /v1/encode`` (sent every 50 ms): through
-``heron up`` that needs a ready worker, not only a gateway. Then the server gets SIGTERM.
+and ``heron up`` with MiniLM (nats-server, config service, gateway, and ``--workers
+auto``'s workers: one a usable CPU, up to 4). A start ends with the first 200 to a
+one-text ``POST /v1/encode`` (sent every 50 ms): through ``heron up`` that needs a ready
+worker, not only a gateway. Then the server gets SIGTERM.
 Writes ``startup_bench.json``: per start, seconds to ready, seconds from SIGTERM to exit,
 and the CPU seconds of the server and its children from launch to exit, with medians.
 """
@@ -110,16 +111,14 @@ def run(rounds: int, out: Path) -> dict[str, Any]:
                 results[name][m].append(round(one[m], 3))
             log(f"round {i + 1}: {name}: ready in {one['ready_s']:.2f} s, stopped in "
                 f"{one['stop_s']:.2f} s, {one['cpu_s']:.1f} CPU-s")
-    result = {"benchmark": "startup", "rounds": rounds,
-              "seconds": {name: r["ready_s"] for name, r in results.items()},
-              "stop_seconds": {name: r["stop_s"] for name, r in results.items()},
-              "cpu_seconds": {name: r["cpu_s"] for name, r in results.items()},
-              "median_s": {name: round(statistics.median(r["ready_s"]), 3)
-                           for name, r in results.items()},
-              "median_stop_s": {name: round(statistics.median(r["stop_s"]), 3)
-                                for name, r in results.items()},
-              "median_cpu_s": {name: round(statistics.median(r["cpu_s"]), 3)
-                               for name, r in results.items()}}
+    # JSON keys: each start's values, then their medians
+    keys = {"ready_s": ("seconds", "median_s"), "stop_s": ("stop_seconds", "median_stop_s"),
+            "cpu_s": ("cpu_seconds", "median_cpu_s")}
+    result: dict[str, Any] = {"benchmark": "startup", "rounds": rounds}
+    for m, (values, median) in keys.items():
+        result[values] = {name: r[m] for name, r in results.items()}
+        result[median] = {name: round(statistics.median(r[m]), 3)
+                          for name, r in results.items()}
     out.mkdir(parents=True, exist_ok=True)
     (out / "startup_bench.json").write_text(json.dumps(result, indent=2))
     return result

@@ -10,7 +10,7 @@ collections walk only objects made since (0.24 ms a full collection on that gate
 Frozen objects are never collected as cycles, so what frees a frozen model (a worker's
 eviction) thaws first (``release``), and so does an app's shutdown (``thaw``): an app
 run inside a longer process (tests, an embedding program) leaves nothing frozen behind.
-A server process that is exiting freezes everything again (``freeze_at_exit``): the
+A `heron` process that is exiting freezes everything again (``freeze_at_exit``): the
 interpreter's own clean-up would otherwise walk the thawed heap in full collections.
 """
 

@@ -65,7 +65,6 @@ EXITING = """
 import atexit, gc, sys
 atexit.register(lambda: print("after the exit handlers:", gc.get_freeze_count() > 0))
 from heron.runtime import heap
-from tests.support.servers import REPO
 heap.freeze_at_exit()
 heap.freeze_at_exit()
 atexit.register(lambda: print("in a later handler:", gc.get_freeze_count() > 0))
