@@ -56,6 +56,9 @@ def cluster(nats_server: NatsServer, tmp_path_factory: pytest.TempPathFactory
                                startup_grace_s=1.0)
     gateway = GatewayThread(nats_server.url, pools, root, settings).start()
     try:
+        # On a loaded host a first beat can come after the startup grace: wait for them.
+        gateway.wait_for_capacity(pools["warm"], 10)
+        gateway.wait_for_capacity(pools["stuck"], 10)
         yield Cluster(gateway.url, nats_server.url, pools, gateway, warm)
     finally:
         gateway.stop()

@@ -48,6 +48,7 @@ def test_nats_down_is_a_503_after_the_reconnect_wait_and_the_gateway_reconnects(
     gateway = GatewayThread(own_nats.url, {"b": pool}, root,
                             GatewaySettings(startup_grace_s=2.0)).start()
     try:
+        gateway.wait_for_capacity(pool, 10)  # its first beat may outlast the grace
         ok = local_http.post(gateway.url + "/v1/encode/b-dense", json={"items": ["hello"]})
         assert ok.status_code == 200, ok.text
 
@@ -92,10 +93,13 @@ def test_work_queued_before_a_restart_is_answered_after_it(own_nats: NatsServer,
         timeout=40)))
     worker = None
     try:
+        # Its first beat may come after the gateway's startup grace (1.5 s) on a loaded
+        # host, and the request would get a 202 (a CI run did): wait for it first.
+        gateway.wait_for_capacity(pool, 10)
         request.start()
         deadline = time.monotonic() + 10
         while last_seq(own_nats.url, pool) < 1:
-            assert time.monotonic() < deadline, "the work item was never published"
+            assert time.monotonic() < deadline, f"the work item was never published: {responses}"
             time.sleep(0.05)
         idle.stop()
         own_nats.stop()
@@ -138,8 +142,8 @@ def test_after_an_outage_a_warm_pool_waits_for_its_late_worker_and_a_cold_one_do
 
     request = threading.Thread(target=ask)
     try:
-        gateway.wait_for_capacity(warm, 10, "the worker's first beat")
-        gateway.wait_for_capacity(cold, 10, "the other worker's first beat")
+        gateway.wait_for_capacity(warm, 10)
+        gateway.wait_for_capacity(cold, 10)
         gone.stop()  # its last beat said ready, but it is stale before NATS goes away
         time.sleep(3.5)  # the heartbeat timeout (3 s)
         worker.stop()  # silent from here on: its last beat said ready

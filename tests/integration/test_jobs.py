@@ -62,6 +62,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
                                job_lease_s=1.5, startup_grace_s=1.0)
     gateway = GatewayThread(server.url, pools, bundles, settings).start()
     try:
+        gateway.wait_for_capacity(pools["jb"], 10)  # its first beat may outlast the grace
         yield Rig(gateway.url, root, outside, worker, server.url, pools, bundles)
     finally:
         gateway.stop()
