@@ -71,16 +71,27 @@ _OUTCOMES = {200: "answered", _RETRIED: "nak'ed, to run later",
 RESULT_HEADROOM_BYTES = 1024
 
 
-class _KeepAlive:
+class ItemKeepAlive:
     """``in_progress()`` every ``every_s`` while an item computes: a timer, not a task per
-    item (most items finish long before the first beat is due)."""
+    item (most items finish long before the first beat is due).
+
+    The first beat comes ``every_s`` after the item was stored in the stream if that is
+    sooner than ``every_s`` from now. The ack wait runs from the delivery, and a delivery
+    can reach this worker late: a short follow-up pull answered after it expired leaves
+    its message in nats-py's queue until the next pull, after a forward pass (up to 631 ms
+    measured on MiniLM; seconds on a loaded host). An item that sat there 2.5 s of a 5 s
+    ack wait was redelivered before its first beat, and its late ack found a second copy
+    handed out (a CI run of test_gateway_gone). The stream's store time is never later
+    than the delivery, so the beat is never later than ``every_s`` after either; an item
+    that waited in the stream longer than ``every_s`` beats at once (one more message)."""
 
     __slots__ = ("_handle", "_loop", "_sending", "every_s", "msg")
 
     def __init__(self, msg: Msg, every_s: float) -> None:
         self.msg, self.every_s = msg, every_s
         self._loop = asyncio.get_running_loop()
-        self._handle: asyncio.TimerHandle | None = self._loop.call_later(every_s, self._beat)
+        self._handle: asyncio.TimerHandle | None = self._loop.call_later(
+            first_beat_s(msg, every_s), self._beat)
         self._sending: asyncio.Task | None = None  # held: the loop keeps only weak refs
 
     def _beat(self) -> None:
@@ -95,6 +106,20 @@ class _KeepAlive:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+
+def first_beat_s(msg: Msg, every_s: float, now: float | None = None) -> float:
+    """Seconds until an item's first ``in_progress()``: ``every_s`` from its store time
+    (unix seconds ``now``), at most ``every_s`` (a clock behind the server's) and at least
+    0. A message without JetStream metadata gets ``every_s``."""
+    try:
+        stored = msg.metadata.timestamp
+    except Exception:  # not a JetStream delivery (a test's plain message)
+        return every_s
+    if stored is None:
+        return every_s
+    age = (time.time() if now is None else now) - stored.timestamp()
+    return min(every_s, max(0.0, every_s - age))
 
 
 class WorkConsumer(LaneFetcher):
@@ -184,7 +209,7 @@ class WorkConsumer(LaneFetcher):
         is gone). The item is kept in progress until it is answered: delivering a result
         may take seconds (a gateway asked again), past the ack wait (5 s) that would hand
         the item to another worker to compute again."""
-        keep_alive = _KeepAlive(msg, self.spec.ack_wait_s / 2)
+        keep_alive = ItemKeepAlive(msg, self.spec.ack_wait_s / 2)
         try:
             return await self._handle_kept(msg, item, received, hold)
         finally:

@@ -7,7 +7,8 @@ service is a stand-in whose forward pass the test controls):
 - while a forward pass runs it holds at most ``lookahead_busy_items`` (0 on CPU), unless
   the pass is a lower lane's work: then priority 0 is fetched for the next pass;
 - the low lane (priority 1 and up) waits in the stream while priority-0 items wait here;
-- an item that computes for longer than the ack wait is kept alive, not redelivered.
+- an item that computes for longer than the ack wait is kept alive, not redelivered, and
+  so is one whose delivery waited in the client before its item started.
 """
 
 from __future__ import annotations
@@ -19,9 +20,17 @@ from typing import Any
 import nats
 import pytest
 
-from heron.runtime.nats_names import Lane, WorkStreamSpec, lane_of, work_subject
+from heron.runtime.nats_names import (
+    Lane,
+    WorkStreamSpec,
+    ensure_work_stream,
+    lane_consumer,
+    lane_of,
+    work_stream,
+    work_subject,
+)
 from heron.runtime.protocol import WorkItemHeaders
-from heron.worker.consumer import WorkConsumer
+from heron.worker.consumer import ItemKeepAlive, WorkConsumer
 from heron.worker.metrics import WorkerMetrics
 from heron.worker.service import Outcome, Timings
 from heron.worker.settings import WorkerSettings
@@ -263,6 +272,38 @@ async def test_an_item_longer_than_the_ack_wait_is_not_redelivered(
             metrics.render().decode()
     finally:
         await consumer.drain()
+        await nc.close()
+
+
+@pytest.mark.slow
+async def test_a_delivery_that_waited_before_its_item_started_is_not_redelivered(
+        nats_server: NatsServer) -> None:
+    """A delivery can sit in the client's queue before its item's task starts (a follow-up
+    pull answered after it expired, while a forward pass ran): here three quarters of the
+    ack wait. The item is kept alive from its delivery, not from its start: another
+    worker's pull gets nothing past the ack wait."""
+    pool = f"l{uuid.uuid4().hex[:8]}"
+    spec = WorkStreamSpec(pool=pool, ack_wait_s=2.0)
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    keep_alive = None
+    try:
+        await ensure_work_stream(js, spec)
+        await _publish(js, pool, "_INBOX.heron.late", ["late"])
+        durable, stream = lane_consumer(pool, Lane.FIRST), work_stream(pool)
+        mine = await js.pull_subscribe_bind(durable=durable, stream=stream)
+        other = await js.pull_subscribe_bind(durable=durable, stream=stream)
+        (msg,) = await mine.fetch(1, timeout=5)
+        await asyncio.sleep(1.5)
+        keep_alive = ItemKeepAlive(msg, spec.ack_wait_s / 2)  # the item starts
+        await asyncio.sleep(1.0)  # 2.5 s from the delivery: past its ack wait
+        with pytest.raises(nats.errors.TimeoutError):
+            again = await other.fetch(1, timeout=0.5)
+            pytest.fail(f"redelivered: {again[0].metadata}")
+        await msg.ack()
+    finally:
+        if keep_alive is not None:
+            keep_alive.cancel()
         await nc.close()
 
 

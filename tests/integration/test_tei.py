@@ -55,6 +55,7 @@ def tei_gateway_url(cluster_url: str, nats_server: NatsServer, test_bundle: Path
     (pool,) = pools
     gateway = GatewayThread(nats_server.url, {str(test_bundle): pool}, settings=GatewaySettings(
         default_model=DEFAULTS, cors_origins=ORIGIN)).start()
+    gateway.wait_for_capacity(pool, 30)  # a beat a second; a busy host can outlast the grace
     yield gateway.url
     gateway.stop()
 
