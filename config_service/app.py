@@ -21,6 +21,7 @@ from heron.config_service.service import ConfigService
 from heron.config_service.settings import ConfigServiceSettings
 from heron.config_service.state import Registry
 from heron.config_service.store import ConfigStore
+from heron.runtime.http import HTTP_KEEP_ALIVE_S
 from heron.runtime.logs import uvicorn_log_config
 from heron.runtime.modelconfig import default_bundles_dir
 
@@ -68,7 +69,8 @@ def create_app(nats_url: str, store_url: str | Path, *, bundles_dir: Path | None
 def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "info",
                    access_log: bool = False) -> uvicorn.Config:
     return uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                          access_log=access_log, log_config=uvicorn_log_config())
+                          access_log=access_log, log_config=uvicorn_log_config(),
+                          timeout_keep_alive=HTTP_KEEP_ALIVE_S)
 
 
 async def serve(nats_url: str, store_url: str | Path, *, host: str = "127.0.0.1",

@@ -14,6 +14,7 @@ from heron.gateway.registry import BundleDirSource, RouteTable
 from heron.gateway.routes import GatewayApp
 from heron.gateway.settings import GatewaySettings
 from heron.runtime.hot_posts import HOT_POST_HTTP
+from heron.runtime.http import HTTP_KEEP_ALIVE_S
 from heron.runtime.logs import uvicorn_log_config
 from heron.runtime.modelconfig import ConfigError
 
@@ -61,6 +62,7 @@ def uvicorn_config(app: Starlette, *, host: str, port: int, log_level: str = "in
     return uvicorn.Config(app, host=host, port=port, log_level=log_level,
                           access_log=access_log, loop="uvloop", http=HOT_POST_HTTP,
                           log_config=uvicorn_log_config(), proxy_headers=False,
+                          timeout_keep_alive=HTTP_KEEP_ALIVE_S,
                           timeout_graceful_shutdown=math.ceil(shutdown_s))
 
 

@@ -79,11 +79,12 @@ class ItemKeepAlive:
     sooner than ``every_s`` from now. The ack wait runs from the delivery, and a delivery
     can reach this worker late: a short follow-up pull answered after it expired leaves
     its message in nats-py's queue until the next pull, after a forward pass (up to 631 ms
-    measured on MiniLM; seconds on a loaded host). An item that sat there 2.5 s of a 5 s
-    ack wait was redelivered before its first beat, and its late ack found a second copy
-    handed out (a CI run of test_gateway_gone). The stream's store time is never later
-    than the delivery, so the beat is never later than ``every_s`` after either; an item
-    that waited in the stream longer than ``every_s`` beats at once (one more message)."""
+    measured on MiniLM; seconds on a loaded host). An item that sat there over 2.5 s of
+    a 5 s ack wait was handed out again before its first beat (what a CI run of
+    test_gateway_gone showed: one 64-item work item delivered twice). The stream's store
+    time is never later than the delivery, so the beat is never later than ``every_s``
+    after either; an item that waited in the stream longer than ``every_s`` beats as it
+    starts (one more message)."""
 
     __slots__ = ("_handle", "_loop", "_sending", "every_s", "msg")
 
@@ -109,9 +110,10 @@ class ItemKeepAlive:
 
 
 def first_beat_s(msg: Msg, every_s: float, now: float | None = None) -> float:
-    """Seconds until an item's first ``in_progress()``: ``every_s`` from its store time
-    (unix seconds ``now``), at most ``every_s`` (a clock behind the server's) and at least
-    0. A message without JetStream metadata gets ``every_s``."""
+    """Seconds until an item's first ``in_progress()``: ``every_s`` after its store time
+    (``now``: unix seconds, the clock by default), never more than ``every_s`` (a clock
+    behind the server's) nor less than 0. A message without JetStream metadata gets
+    ``every_s``."""
     try:
         stored = msg.metadata.timestamp
     except Exception:  # not a JetStream delivery (a test's plain message)

@@ -53,12 +53,14 @@ def _select_models(bundle: Bundle, models: str | None) -> Bundle:
 
 
 def _uvicorn_options(args: argparse.Namespace) -> dict[str, object]:
+    from heron.runtime.http import HTTP_KEEP_ALIVE_S
     from heron.runtime.logs import uvicorn_log_config
     from heron.runtime.received import RECEIVED_AT_HTTP
 
     return {"host": args.host, "port": args.port, "log_level": args.log_level,
             "access_log": args.access_log, "loop": "uvloop", "http": RECEIVED_AT_HTTP,
-            "timeout_graceful_shutdown": 30, "log_config": uvicorn_log_config()}
+            "timeout_graceful_shutdown": 30, "timeout_keep_alive": HTTP_KEEP_ALIVE_S,
+            "log_config": uvicorn_log_config()}
 
 
 def _build_worker_app(args: argparse.Namespace, queue: QueueMode | None) -> object:

@@ -29,6 +29,14 @@ from heron_sdk.types import MAX_BODY_BYTES
 
 log = logging.getLogger("heron.http")
 
+# How long every Heron server keeps an idle keep-alive connection open (uvicorn's default
+# is 5 s). A client whose own idle limit is also 5 s (httpx's default, so the SDK's) can
+# send a request on a connection in the instant the server closes it, and gets a reset with
+# no answer: a CI run of test_gateway_admission did. Clients and load balancers should
+# drop an idle connection before the server does (an AWS ALB keeps one 60 s). 75 s is
+# nginx's default.
+HTTP_KEEP_ALIVE_S = 75
+
 T = TypeVar("T")
 # What nginx logs for "the client closed the connection before the answer": no client sees
 # it (there is nobody to send it to); it only labels metrics and access logs.

@@ -23,6 +23,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from heron.config_service.app import create_app
+from heron.runtime.http import HTTP_KEEP_ALIVE_S
 from heron.runtime.nats_names import CONFIG_STREAM
 from heron_sdk import wire
 from tests.support import local_http
@@ -81,7 +82,8 @@ class InProcessConfig:
                               admin_token=admin_token, instance_id=instance_id,
                               lease_ttl_s=lease_ttl_s)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning", lifespan="on"))
+                                                    log_level="warning", lifespan="on",
+                                                    timeout_keep_alive=HTTP_KEEP_ALIVE_S))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
 

@@ -32,6 +32,7 @@ from heron.gateway.app import create_app
 from heron.gateway.routes import GatewayApp
 from heron.gateway.settings import GatewaySettings
 from heron.runtime.hot_posts import HOT_POST_HTTP
+from heron.runtime.http import HTTP_KEEP_ALIVE_S
 from heron.runtime.nats_names import (
     Lane,
     WorkStreamSpec,
@@ -85,7 +86,8 @@ class GatewayThread:
         self.gateway: GatewayApp = app.state.gateway
         self.server = uvicorn.Server(uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", loop="asyncio",
-            http=HOT_POST_HTTP if heron_http else "auto", proxy_headers=not heron_http))
+            http=HOT_POST_HTTP if heron_http else "auto", proxy_headers=not heron_http,
+            timeout_keep_alive=HTTP_KEEP_ALIVE_S))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self, wait_ready: bool = True, timeout_s: float = 20) -> GatewayThread:
