@@ -31,6 +31,7 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
 from nats.js import JetStreamContext
 from opentelemetry.trace import SpanKind
 
@@ -116,7 +117,7 @@ def first_beat_s(msg: Msg, every_s: float, now: float | None = None) -> float:
     ``every_s``."""
     try:
         stored = msg.metadata.timestamp
-    except Exception:  # not a JetStream delivery (a test's plain message)
+    except NotJSMessageError:  # a plain message (no JetStream ack subject)
         return every_s
     if stored is None:
         return every_s

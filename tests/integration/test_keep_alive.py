@@ -8,11 +8,13 @@ import socket
 import time
 from urllib.parse import urlsplit
 
+import httpx
+
 from heron.config_service.app import uvicorn_config as config_service_uvicorn_config
 from heron.gateway.app import uvicorn_config as gateway_uvicorn_config
 from heron.runtime.http import HTTP_KEEP_ALIVE_S
 
-HTTPX_KEEPALIVE_EXPIRY_S = 5.0  # httpx.Limits' default
+HTTPX_KEEPALIVE_EXPIRY_S = httpx.Limits().keepalive_expiry or 0.0  # the SDK's clients' limit
 
 
 def _get(sock: socket.socket, host: str) -> bytes:
