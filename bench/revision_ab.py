@@ -1,15 +1,18 @@
 """The cluster path of this tree against an earlier commit's, on the same machine in the
 same minutes: what a change did, in numbers a slower or faster day cannot move.
 
-    python -m bench.revision_ab --rev cd6a2ac [--rounds N] [--duration S] [--out DIR]
+    python -m bench.revision_ab --rev cd6a2ac [--rounds N] [--duration S] [--workers N]
+                                [--bundle null|default] [--out DIR]
 
-Both trees' `heron up` (bundle null: real tokenization, no model compute; one worker,
-each tree's default threads) are up at once. Each round runs wrk at 32 connections (one
-text a request) against each, then 400 requests from one client, alternating which
-tree goes first, since the step that runs second in a round comes out slower. Each
-step records requests/s, its p50/p99, and the CPU each process spent a request (/proc).
-The JSON holds every step and the ratios (this tree over the other) per round, their
-geometric mean and median. Writes DIR/revision_ab.json (DIR: bench/results/).
+Both trees' `heron up` (bundle null: real tokenization, no model compute, or ``--bundle
+default``: MiniLM; one worker with each tree's default threads, or ``--workers N`` of a
+thread share each, as ``heron up --workers auto`` splits the cores) are up at once. Each
+round runs wrk at 32 connections (one text a request) against each, then 400 requests from
+one client, alternating which tree goes first, since the step that runs second in a round
+comes out slower. Each step records requests/s (or the one client's p50), its p50/p99, and
+the CPU each role's processes spent a request (/proc). The JSON holds every step and the
+ratios (this tree over the other) per round, their geometric mean and median. Writes
+DIR/revision_ab.json (DIR: bench/results/).
 
 Why against a commit and not a stored number: an issue's "today" is the code when it
 was filed, and this machine's speed varies by up to 2.5 times from day to day (a
@@ -45,12 +48,14 @@ from bench.cluster_bench import local_cluster
 from bench.load import run_wrk
 from bench.server import HOST, REPO
 from bench.texts import build_workload
+from heron.cli.main import threads_per_process
 
 # Import name -> folder, as pyproject.toml's [tool.setuptools.package-dir] maps them, plus
 # the client (sdk/ installs as heron_sdk).
 LAYOUT = {"heron/gateway": "../gateway", "heron/worker": "../worker",
           "heron/config_service": "../config_service", "heron_sdk": "sdk"}
-MODEL = "null-model"
+# --bundle -> the model its requests name: null (tokenization only) or default (MiniLM)
+BUNDLE_MODELS = {"null": "null-model", "default": "minilm"}
 ONE_CLIENT_REQUESTS = 400
 
 
@@ -74,11 +79,11 @@ def export(rev: str, into: Path) -> str:
     return commit
 
 
-def post(port: int, body: bytes) -> tuple[int, bytes]:
+def post(port: int, body: bytes, model: str) -> tuple[int, bytes]:
     """One encode request on a connection of its own: (status, body); 0 when refused."""
     conn = http.client.HTTPConnection(HOST, port, timeout=10)
     try:
-        conn.request("POST", f"/v1/encode/{MODEL}", body, {"Content-Type": "application/json"})
+        conn.request("POST", f"/v1/encode/{model}", body, {"Content-Type": "application/json"})
         response = conn.getresponse()
         return response.status, response.read()
     except OSError:
@@ -92,7 +97,7 @@ def write_bodies(texts: list[str], path: Path, no_cache: bool) -> None:
     path.write_text("".join(json.dumps({"items": [t], **extra}) + "\n" for t in texts))
 
 
-def processes(data_dir: Path) -> dict[str, psutil.Process]:
+def processes(data_dir: Path) -> dict[str, list[psutil.Process]]:
     """The nats-server, gateway and worker processes of the `heron up` whose data folder
     is ``data_dir``, by role."""
     up = next(p for p in psutil.process_iter(["cmdline"])
@@ -103,22 +108,38 @@ def processes(data_dir: Path) -> dict[str, psutil.Process]:
         command = " ".join(child.cmdline())
         for role in ("nats-server", "gateway", "worker"):
             if role in command:
-                out[role] = child
+                out.setdefault(role, []).append(child)
     return out
 
 
-def cpu_s(procs: dict[str, psutil.Process]) -> dict[str, float]:
-    return {role: sum(p.cpu_times()[:2]) for role, p in procs.items()}
+def cpu_s(procs: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    """CPU-seconds each role's processes have spent (the workers' summed)."""
+    return {role: sum(sum(p.cpu_times()[:2]) for p in group) for role, group in procs.items()}
 
 
-def one_client_p50(port: int, body: bytes) -> float:
+def takes_cache_field(port: int, model: str, timeout_s: float = 120.0) -> bool:
+    """Whether the tree's API takes ``"cache": false`` (a 200), or refuses it (a 4xx): asked
+    until one of the two comes back. A 202 (the pool's worker not heard from yet) or a
+    refused connection is no answer: taken for a refusal once, it sent the other tree's
+    bodies without the field, and wrk's repeated texts came from the result cache."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status, body = post(port, b'{"items": ["x"], "cache": false}', model)
+        if status == 200 or 400 <= status < 500:
+            return status == 200
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no answer to a probe in {timeout_s} s: {status} {body[:200]!r}")
+        time.sleep(0.5)
+
+
+def one_client_p50(port: int, body: bytes, model: str) -> float:
     """p50 in ms over ONE_CLIENT_REQUESTS requests on one keep-alive connection."""
     conn = http.client.HTTPConnection(HOST, port, timeout=30)
     latencies = []
     try:
         for _ in range(ONE_CLIENT_REQUESTS):
             started = time.perf_counter()
-            conn.request("POST", f"/v1/encode/{MODEL}", body,
+            conn.request("POST", f"/v1/encode/{model}", body,
                          {"Content-Type": "application/json"})
             response = conn.getresponse()
             response.read()
@@ -130,7 +151,9 @@ def one_client_p50(port: int, body: bytes) -> float:
     return statistics.median(latencies)
 
 
-def run(rev: str, rounds: int, duration_s: float, out: Path) -> dict[str, Any]:
+def run(rev: str, rounds: int, duration_s: float, out: Path, workers: int = 1,
+        bundle: str = "null") -> dict[str, Any]:
+    model = BUNDLE_MODELS[bundle]
     work = Path(tempfile.mkdtemp(prefix="heron-revision-ab-"))
     other = work / "tree"
     commit = export(rev, other)
@@ -138,19 +161,22 @@ def run(rev: str, rounds: int, duration_s: float, out: Path) -> dict[str, Any]:
     texts = build_workload(1000).texts
     result: dict[str, Any] = {
         "benchmark": "revision_ab", "rev": rev, "commit": commit, "cpu_count": os.cpu_count(),
-        "duration_s": duration_s, "workload": "null model, one text a request, 8-128 tokens",
+        "duration_s": duration_s, "workers": workers,
+        "bundle": bundle, "workload": f"{model}, one text a request, 8-128 tokens",
         "steps": []}
     with contextlib.ExitStack() as stack:
         ports, procs, bodies = {}, {}, {}
         for name, tree in trees.items():
             log(f"starting heron up of {name} ({tree})")
-            gateway, _ = stack.enter_context(local_cluster("null", work / name, tree=tree))
+            gateway, _ = stack.enter_context(local_cluster(
+                bundle, work / name, workers, threads_per_process(workers) if workers > 1 else 0,
+                tree=tree))
             ports[name] = int(gateway.rsplit(":", 1)[1])
             procs[name] = processes(work / name)
-            takes_cache = post(ports[name], b'{"items": ["x"], "cache": false}')[0] == 200
+            takes_cache = takes_cache_field(ports[name], model)
             bodies[name] = work / f"{name}.txt"
             write_bodies(texts, bodies[name], no_cache=takes_cache)
-            run_wrk(f"http://{HOST}:{ports[name]}/v1/encode/{MODEL}", bodies[name],
+            run_wrk(f"http://{HOST}:{ports[name]}/v1/encode/{model}", bodies[name],
                     connections=8, duration_s=2)  # warm-up
         one_body = {name: path.read_text().splitlines()[5].encode()
                     for name, path in bodies.items()}
@@ -158,7 +184,7 @@ def run(rev: str, rounds: int, duration_s: float, out: Path) -> dict[str, Any]:
             order = ["rev", "this"] if round_no % 2 == 0 else ["this", "rev"]
             for name in order:
                 before = cpu_s(procs[name])
-                summary = run_wrk(f"http://{HOST}:{ports[name]}/v1/encode/{MODEL}",
+                summary = run_wrk(f"http://{HOST}:{ports[name]}/v1/encode/{model}",
                                   bodies[name], connections=32,
                                   duration_s=duration_s).summary()
                 after = cpu_s(procs[name])
@@ -173,10 +199,16 @@ def run(rev: str, rounds: int, duration_s: float, out: Path) -> dict[str, Any]:
                 log(f"round {round_no} {name}: {summary['throughput_rps']} requests/s")
                 time.sleep(1)
             for name in order:
-                p50 = one_client_p50(ports[name], one_body[name])
-                result["steps"].append({"round": round_no, "tree": name, "clients": 1,
-                                        "p50_ms": round(p50, 3)})
-                log(f"round {round_no} {name}: one client p50 {p50:.2f} ms")
+                before = cpu_s(procs[name])
+                p50 = one_client_p50(ports[name], one_body[name], model)
+                after = cpu_s(procs[name])
+                result["steps"].append({
+                    "round": round_no, "tree": name, "clients": 1, "p50_ms": round(p50, 3),
+                    "cpu_us_per_request": {role: round((after[role] - before[role])
+                                                       / ONE_CLIENT_REQUESTS * 1e6)
+                                           for role in before}})
+                log(f"round {round_no} {name}: one client p50 {p50:.2f} ms, CPU a request "
+                    f"{result['steps'][-1]['cpu_us_per_request']} us")
     result["summary"] = summarize(result["steps"], rounds)
     out.mkdir(parents=True, exist_ok=True)
     (out / "revision_ab.json").write_text(json.dumps(result, indent=2))
@@ -211,9 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds a wrk step")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--bundle", choices=sorted(BUNDLE_MODELS), default="null")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="each cluster's workers (heron up's default here: 2)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    print(json.dumps(run(args.rev, args.rounds, args.duration, args.out)["summary"],
+    print(json.dumps(run(args.rev, args.rounds, args.duration, args.out,
+                                    args.workers, args.bundle)["summary"],
                      indent=2))
     return 0
 

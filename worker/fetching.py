@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.errors import NotJSMessageError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 
@@ -34,6 +35,16 @@ PULLED_LANES = tuple(lane.label for lane in Lane)
 # Bulk lane work items a worker holds at most: the one computing and the next, already
 # tokenized and queued, so the model never waits for a fetch between them.
 BULK_ITEMS_HELD = 2
+
+
+def queued_after(msg: Msg) -> bool:
+    """Whether the lane's consumer held more messages when JetStream delivered ``msg`` (its
+    ack subject carries the count); True when it cannot tell."""
+    try:
+        pending = msg.metadata.num_pending
+    except NotJSMessageError:
+        return True
+    return pending is None or pending > 0
 
 
 class Hold:
@@ -180,6 +191,10 @@ class LaneFetcher:
         expires, and nats-py holds the ones it has until then: measured, a lone request
         waited up to a second (p99 874 ms at one connection). So the blocking pull asks for
         one message, and the follow-up pulls for more wait at most a few milliseconds.
+        None is sent when the last message fetched says the stream held nothing more for
+        this lane (``queued_after``): at one client every follow-up found nothing, and
+        cost a pull that nats-py sends twice (no-wait, then a 5 ms linger), two status
+        replies and the wake-ups for them.
 
         Why the lookahead: an item a busy worker holds waits for that worker even while
         another worker of the pool is idle. Left in the stream, it goes to whichever worker
@@ -195,7 +210,8 @@ class LaneFetcher:
                 self._room.release()
                 continue
             fetched, items = 1, self._dispatch(msgs[0], lane)
-            while not self._stopping.is_set():
+            queued = queued_after(msgs[0])
+            while queued and not self._stopping.is_set():
                 # The room is in items, a pull in work items: as many as fit at the mean
                 # size of those fetched so far. (One per item of room took up to 16 shared
                 # work items at once: passes of 40-64 items, 200-250 ms, on one worker.)
@@ -214,6 +230,21 @@ class LaneFetcher:
                 fetched += len(msgs)
                 if len(msgs) < want:
                     break
+                queued = queued_after(msgs[-1])
+            if not queued:
+                await self._let_a_pass_start()
+
+    async def _let_a_pass_start(self) -> None:
+        """The stream held nothing more: before the next blocking pull, wait up to
+        BACKLOG_POLL_S (less once an item is done), so that a forward pass about to start
+        on what was just taken has started, and the lookahead keeps this worker from
+        fetching during it. The 5 ms follow-up pull that found nothing gave the same wait,
+        at the cost of its messages."""
+        if self.lookahead_busy_items == self.lookahead_items:
+            return
+        self._backlog_moved.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._backlog_moved.wait(), BACKLOG_POLL_S)
 
     async def _bulk_fetch_loop(self) -> None:
         """The bulk lane (bulk jobs' shards): one work item at a time, pulled only while no

@@ -14,6 +14,7 @@ service is a stand-in whose forward pass the test controls):
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from typing import Any
 
@@ -305,6 +306,50 @@ async def test_a_delivery_that_waited_before_its_item_started_is_not_redelivered
         if keep_alive is not None:
             keep_alive.cancel()
         await nc.close()
+
+
+async def test_a_lone_item_costs_one_pull_and_queued_items_come_in_batches(
+        nats_server: NatsServer) -> None:
+    """A worker asks for more after a delivery only when JetStream said more was queued
+    for its lane: a lone item is followed by the next blocking pull alone (not by a no-wait
+    pull, a pull that lingers 5 ms and their two status replies), and items already
+    queued come in follow-up pulls of several, not one pull each."""
+    pool = f"n{uuid.uuid4().hex[:8]}"
+    spec = WorkStreamSpec(pool=pool)
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    service = SlowService(0.0)
+    worker = WorkConsumer(nc, service, spec, lookahead_items=16)  # type: ignore[arg-type]
+    inbox = f"_INBOX.heron.pulltest.{uuid.uuid4().hex[:6]}"
+    sub = await nc.subscribe(inbox)
+    pulls: list[dict[str, Any]] = []  # the FIRST lane's pull requests, as the server gets them
+
+    async def seen(msg: Any) -> None:
+        pulls.append(json.loads(msg.data))
+
+    spy = await nc.subscribe(
+        f"$JS.API.CONSUMER.MSG.NEXT.{work_stream(pool)}.{lane_consumer(pool, Lane.FIRST)}",
+        cb=seen)
+    try:
+        await ensure_work_stream(js, spec)
+        await _publish(js, pool, inbox, [f"queued {i}" for i in range(10)])
+        await worker.start()
+        assert sorted(await _answers(sub, 10)) == sorted(f"r{i}" for i in range(10))
+        await asyncio.sleep(0.3)  # any follow-up pull has expired by now
+        assert any(pull["batch"] > 1 for pull in pulls), pulls
+        assert len(pulls) <= 5, pulls  # a pull of one a message would be 11
+
+        for lone in range(3):
+            before = len(pulls)
+            await _publish(js, pool, inbox, [f"lone {lone}"], first=10 + lone)
+            assert await _answers(sub, 1) == [f"r{10 + lone}"]
+            await asyncio.sleep(0.3)
+            # The blocking pull that took it was sent before; after it, only the next one.
+            assert pulls[before:] == [{"batch": 1, "expires": pulls[-1]["expires"]}], \
+                pulls[before:]
+    finally:
+        await spy.unsubscribe()
+        await _stop(nc, service, worker)
 
 
 def test_fetch_lookahead_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
