@@ -32,6 +32,7 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -212,6 +213,8 @@ def run(rev: str, rounds: int, duration_s: float, out: Path, workers: int = 1,
     result["summary"] = summarize(result["steps"], rounds)
     out.mkdir(parents=True, exist_ok=True)
     (out / "revision_ab.json").write_text(json.dumps(result, indent=2))
+    # The exported tree and the clusters' data and logs (9 MB); kept when a run failed.
+    shutil.rmtree(work, ignore_errors=True)
     return result
 
 
