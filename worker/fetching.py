@@ -193,8 +193,8 @@ class LaneFetcher:
         one message, and the follow-up pulls for more wait at most a few milliseconds.
         None is sent when the last message fetched says the stream held nothing more for
         this lane (``queued_after``): at one client every follow-up found nothing, and
-        cost a pull that nats-py sends twice (no-wait, then a 5 ms linger), two status
-        replies and the wake-ups for them.
+        cost a pull (nats-py sends it no-wait with an expiry, which nats-server lets
+        linger the whole 5 ms), its status reply and the wake-ups for them.
 
         Why the lookahead: an item a busy worker holds waits for that worker even while
         another worker of the pool is idle. Left in the stream, it goes to whichever worker
@@ -240,8 +240,12 @@ class LaneFetcher:
         on what was just taken has started, and the lookahead keeps this worker from
         fetching during it. The 5 ms follow-up pull that found nothing gave the same wait,
         at the cost of its messages."""
-        if self.lookahead_busy_items == self.lookahead_items:
-            return
+        if self.lookahead_busy_items != self.lookahead_items:
+            await self._backlog_moves()
+
+    async def _backlog_moves(self) -> None:
+        """Until an item held here is done or suspended, or BACKLOG_POLL_S has passed (a
+        forward pass that starts is not signalled: it is seen by polling)."""
         self._backlog_moved.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._backlog_moved.wait(), BACKLOG_POLL_S)
@@ -266,17 +270,13 @@ class LaneFetcher:
     async def _wait_for_bulk_room(self) -> None:
         while (self.backlog > 0 or self._bulk_items_held >= BULK_ITEMS_HELD) \
                 and not self._stopping.is_set():
-            self._backlog_moved.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._backlog_moved.wait(), BACKLOG_POLL_S)
+            await self._backlog_moves()
 
     async def _wait_for_room(self, lane: Lane) -> None:
         """Until ``lane`` has room. Finished items wake us at once; a forward pass that
         starts (and takes items off the backlog) is seen by polling."""
         while self.room(lane) <= 0 and not self._stopping.is_set():
-            self._backlog_moved.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._backlog_moved.wait(), BACKLOG_POLL_S)
+            await self._backlog_moves()
 
     async def _pull(self, n: int, timeout_s: float, sub: Any) -> list[Msg]:
         try:
