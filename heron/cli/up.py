@@ -206,6 +206,20 @@ def worker_threads(workers: int) -> int:
     return threads_per_process(max(1, workers))
 
 
+def bundle_argument(value: str) -> tuple[str, Path | None]:
+    """``--bundle``: (the bundle's name, the bundles folder to use, None: the usual one).
+    A bundle file (``.yaml``), as `heron serve` takes, is named by its ``name`` field and
+    its folder becomes the cluster's bundles folder: the config service, the gateway and
+    the workers look bundles up by name there. Given as a path before, a bundle file named
+    a pool after the path, which the config service had no bundle of: nothing served."""
+    from heron.runtime.modelconfig import load_bundle
+
+    path = Path(value)
+    if path.suffix not in (".yaml", ".yml"):
+        return value, None
+    return load_bundle(path).name, path.resolve().parent
+
+
 def run_up(args: argparse.Namespace) -> int:
     """``heron up``: check, then run the cluster until Ctrl-C or SIGTERM."""
     from heron.runtime.modelconfig import load_bundle
@@ -215,11 +229,14 @@ def run_up(args: argparse.Namespace) -> int:
         print("heron up: --nats uses a running NATS; --nats-nodes is for one heron up starts",
               file=sys.stderr)
         return 2
+    bundle, bundles_dir = bundle_argument(args.bundle)  # ConfigError: main says what is wrong
+    if bundles_dir is not None:  # the children inherit it
+        os.environ["HERON_BUNDLES_DIR"] = str(bundles_dir)
     workers = workers_to_start(args.workers)
     options = UpOptions(
         host=args.host, port=args.port, nats_port=args.nats_port, nats_nodes=args.nats_nodes,
-        nats=args.nats, data_dir=Path(args.data_dir), bundle=args.bundle,
-        pool=args.pool or args.bundle, workers=workers,
+        nats=args.nats, data_dir=Path(args.data_dir), bundle=bundle,
+        pool=args.pool or bundle, workers=workers,
         min_workers=workers if args.min_workers is None else args.min_workers,
         worker_threads=worker_threads(workers),
         max_workers=args.max_workers, idle_cooldown_s=args.idle_cooldown,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from heron.worker.registry import cpu_has_native_bf16, select_precision
+from heron.worker.registry import cpu_has_native_bf16, select_precision, use_cudnn_attention
 from tests.support import local_http
 from tests.support.servers import start_serve
 from tests.support.tiny_models import minilm_dir
@@ -26,6 +26,22 @@ def test_auto_precision_is_bf16_only_where_the_cpu_has_it() -> None:
     assert weights == torch.float32
     assert autocast == (torch.bfloat16 if cpu_has_native_bf16() else None)
     assert select_precision("fp32", torch.device("cpu")) == (torch.float32, None)
+
+
+def test_cudnn_attention_is_off_unless_asked_for() -> None:
+    # On CUDA a worker keeps torch's attention off cuDNN's kernel, whose plan for each new
+    # batch shape cost 68 ms a pass on an H200 (use_cudnn_attention says more); the switch
+    # is torch's own process-wide flag, set here as the worker sets it.
+    import torch
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        for env, want in [({}, False), ({"HERON_CUDNN_ATTENTION": "0"}, False),
+                          ({"HERON_CUDNN_ATTENTION": "1"}, True), ({}, False)]:
+            assert use_cudnn_attention(env) is want
+            assert torch.backends.cuda.cudnn_sdp_enabled() is want
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
 
 
 @pytest.mark.slow
