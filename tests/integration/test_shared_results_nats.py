@@ -121,7 +121,9 @@ async def outage_checks(server: NatsServer, conn: nats.NATS) -> None:
         await asyncio.sleep(0.05)
     started = time.monotonic()
     assert await tier.get_many(["m.s.k"]) == [None]
-    assert time.monotonic() - started < 0.05 and tier.stats.errors == 3  # not even tried
+    # Not even tried: under the 0.1 s a try would wait (timeout_s above); 50 ms left little
+    # room for a loaded 2-core host's scheduling.
+    assert time.monotonic() - started < 0.1 and tier.stats.errors == 3
     tier.store("m.s.k2", vector(8))
     assert tier.stats.dropped == 1
     await tier.close()
