@@ -206,18 +206,29 @@ def worker_threads(workers: int) -> int:
     return threads_per_process(max(1, workers))
 
 
-def bundle_argument(value: str) -> tuple[str, Path | None]:
+def bundle_argument(value: str, data_dir: Path) -> tuple[str, Path | None]:
     """``--bundle``: (the bundle's name, the bundles folder to use, None: the usual one).
     A bundle file (``.yaml``), as `heron serve` takes, is named by its ``name`` field and
-    its folder becomes the cluster's bundles folder: the config service, the gateway and
-    the workers look bundles up by name there. Given as a path before, a bundle file named
-    a pool after the path, which the config service had no bundle of: nothing served."""
+    served from a folder of its own under ``data_dir``: links named ``<name>.yaml`` to it
+    and ``models`` to the folder beside it, since the config service, the gateway and the
+    workers look bundles up by name in one folder (and the config service reads every
+    ``*.yaml`` there, which the file's own folder may hold others of). Given as a path
+    before, a bundle file named a pool the config service had no bundle of."""
     from heron.runtime.modelconfig import load_bundle
 
     path = Path(value)
     if path.suffix not in (".yaml", ".yml"):
         return value, None
-    return load_bundle(path).name, path.resolve().parent
+    name = load_bundle(path).name  # a bad file fails here (ConfigError)
+    folder = data_dir / "bundles"
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():  # links of an earlier run (only links: nothing else of ours)
+        if old.is_symlink():
+            old.unlink()
+    source = path.resolve()
+    (folder / f"{name}.yaml").symlink_to(source)
+    (folder / "models").symlink_to(source.parent / "models", target_is_directory=True)
+    return name, folder
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -229,7 +240,8 @@ def run_up(args: argparse.Namespace) -> int:
         print("heron up: --nats uses a running NATS; --nats-nodes is for one heron up starts",
               file=sys.stderr)
         return 2
-    bundle, bundles_dir = bundle_argument(args.bundle)  # ConfigError: main says what is wrong
+    # ConfigError: main says what is wrong
+    bundle, bundles_dir = bundle_argument(args.bundle, Path(args.data_dir))
     if bundles_dir is not None:  # the children inherit it
         os.environ["HERON_BUNDLES_DIR"] = str(bundles_dir)
     workers = workers_to_start(args.workers)

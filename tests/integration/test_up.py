@@ -95,14 +95,16 @@ class UpProcess:
 
 @pytest.mark.slow
 def test_scale_from_zero_then_idle_scale_down(tmp_path: Path, http: httpx.Client) -> None:
-    # The bundle as a file elsewhere, as `heron serve --bundle FILE` takes it: the cluster
-    # names the pool after the file's bundle (default) and its folder serves the bundles.
-    bundles = tmp_path / "my-bundles"
+    # The bundle as a file elsewhere, as `heron serve --bundle FILE` takes it, named
+    # otherwise than its bundle and beside a YAML file that is no bundle: the cluster names
+    # the pool after the bundle (default) and serves it alone.
+    bundles = tmp_path / "etc-heron"
     (bundles / "models").mkdir(parents=True)
-    shutil.copy(REPO / "bundles" / "default.yaml", bundles / "default.yaml")
+    shutil.copy(REPO / "bundles" / "default.yaml", bundles / "prod.yaml")
     shutil.copy(REPO / "bundles" / "models" / "all-minilm-l6-v2.yaml", bundles / "models")
+    (bundles / "compose.yaml").write_text("services: {}\n")
     up = UpProcess(tmp_path, "--workers", "0", "--min-workers", "0", "--idle-cooldown", "3",
-                   "--bundle", str(bundles / "default.yaml"))
+                   "--bundle", str(bundles / "prod.yaml"))
     try:
         up.wait_for(lambda: local_http.get(up.url + "/readyz", timeout=1).status_code == 200)
         body = {"items": ["wake the pool"]}
