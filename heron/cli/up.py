@@ -220,7 +220,7 @@ def bundle_argument(value: str, data_dir: Path) -> tuple[str, Path | None]:
     if path.suffix not in (".yaml", ".yml"):
         return value, None
     name = load_bundle(path).name  # a bad file fails here (ConfigError)
-    folder = data_dir / "bundles"
+    folder = (data_dir / "bundles").resolve()  # absolute: the children's environment
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.iterdir():  # links of an earlier run (only links: nothing else of ours)
         if old.is_symlink():
