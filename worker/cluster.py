@@ -56,6 +56,7 @@ class WorkerCluster:
         self.follower: ConfigFollower | None = None
         self.config_epoch = -1
         self._models_loaded: asyncio.Task[None] | None = None
+        self._ready_beat: asyncio.Task[None] | None = None
         self._hashed: tuple[Bundle | None, str] = (None, "")
         on_gpu = registry.device_override != "cpu" and torch.cuda.is_available()
         self.lookahead_items = self.settings.lookahead(on_gpu)
@@ -88,6 +89,14 @@ class WorkerCluster:
     async def start(self, models_loaded: asyncio.Task[None]) -> None:
         self._models_loaded = models_loaded
         self.link.start()
+        self._ready_beat = asyncio.get_running_loop().create_task(self._beat_when_set_up())
+
+    async def _beat_when_set_up(self) -> None:
+        """Beat as soon as the set-up is done (the worker consumes, so it is ready), not at
+        the next tick: until a gateway hears it, it answers 202 for this pool."""
+        await self.link.wait_set_up()
+        if self.status is not None:
+            await self.status.beat_now()
 
     async def _set_up(self, nc: NatsClient, js: JetStreamContext) -> None:
         """Run again after a failure (NatsLink retries it): every step happens once."""
@@ -171,6 +180,8 @@ class WorkerCluster:
 
     async def stop(self) -> None:
         await self.link.stop_tasks()  # stop connecting or setting up; the connection stays
+        if self._ready_beat is not None:
+            self._ready_beat.cancel()
         if self.follower is not None:
             await self.follower.stop()
         if self.status is not None:

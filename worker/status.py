@@ -44,11 +44,17 @@ class StatusPublisher:
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
+    async def beat_now(self) -> None:
+        """Publish a beat at once, between the ticks: the worker's readiness just changed,
+        and gateways would otherwise learn it up to a second later (answering 202 for a
+        pool whose worker is ready meanwhile)."""
+        with contextlib.suppress(Exception):  # NATS down: the next beat will tell
+            await self.nc.publish(self.subject,
+                                  wire.encode(self.beat().to_wire(), wire.MSGPACK))
+
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(Exception):  # NATS down: the next beat will tell
-                await self.nc.publish(self.subject,
-                                      wire.encode(self.beat().to_wire(), wire.MSGPACK))
+            await self.beat_now()
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
 
     async def stop(self) -> None:

@@ -4,7 +4,9 @@ pool's JetStream stream, results on a NATS inbox (real nats-server, real worker 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -148,6 +150,55 @@ def test_heartbeats_describe_the_worker(worker: WorkerProcess, nats_server: Nats
     assert beat["ready"] is True and beat["bundle"] == "default"
     assert beat["models"] == {MINILM: "ready"} and len(beat["bundle_hash"]) == 64
     assert beat["memory_rss"] > 0 and beat["address"] == worker.url
+
+
+def test_the_beat_that_says_ready_goes_out_when_the_worker_is(
+        nats_server: NatsServer, pool: str, tmp_path: Path) -> None:
+    """A worker's first ready heartbeat leaves when it starts consuming, not at its next
+    tick: until a gateway hears it, the gateway answers 202 for a pool whose worker is
+    ready (up to a second, with the beats alone)."""
+    beats: list[tuple[float, bool]] = []  # (arrival, ready), this worker's beats
+    loop = asyncio.new_event_loop()
+    subscribed = threading.Event()
+    done = asyncio.Event()
+
+    async def listen() -> None:
+        nc = await nats.connect(nats_server.url)
+
+        async def on_beat(msg) -> None:
+            beats.append((time.monotonic(), wire.decode(msg.data, wire.MSGPACK)["ready"]))
+
+        await nc.subscribe(f"heron.status.{pool}.>", cb=on_beat)
+        await nc.flush()
+        subscribed.set()
+        await done.wait()
+        await nc.close()
+
+    listener = threading.Thread(target=loop.run_until_complete, args=(listen(),))
+    listener.start()
+    assert subscribed.wait(10)
+    w = WorkerProcess(nats_server.url, pool, tmp_path)
+    try:
+        deadline = time.monotonic() + w.ready_timeout_s
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if local_http.get(w.url + "/readyz", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline and w.proc.poll() is None, w.log_tail()
+            time.sleep(0.01)
+        ready_at = time.monotonic()
+        while not any(ready for _, ready in beats) and time.monotonic() < ready_at + 5:
+            time.sleep(0.01)
+        lags = [(round(at - ready_at, 3), ready) for at, ready in beats]  # from /readyz
+        first_ready = next((lag for lag, ready in lags if ready), None)
+        # The tick alone: 0 to 1 s after /readyz; at once: a few ms, before it or after.
+        assert first_ready is not None and first_ready < 0.2, lags[-4:]
+        assert any(not ready for _, ready in lags)  # it did beat before, not ready
+    finally:
+        w.stop()
+        loop.call_soon_threadsafe(done.set)
+        listener.join(10)
+        loop.close()
 
 
 def test_sigterm_drains_and_exits_cleanly(nats_server: NatsServer, pool: str,
