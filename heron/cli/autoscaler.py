@@ -90,16 +90,25 @@ def print_event(event: SupervisorEvent) -> None:
     print(event.console_line(), flush=True)
 
 
+def print_line(line: str) -> None:
+    print(line, flush=True)
+
+
 class Autoscaler:
-    """``report`` hears of every worker death and replacement (default: printed)."""
+    """``report`` hears of every worker death and replacement (default: printed);
+    ``announce`` gets a line when a worker it started first says it is ready (default:
+    printed), so whoever runs ``heron up`` knows when requests will be served."""
 
     def __init__(self, workers: Workers, policy: ScalePolicy,
                  report: Callable[[SupervisorEvent], None] = print_event,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic,
+                 announce: Callable[[str], None] = print_line) -> None:
         self.workers = workers
         self.policy = policy
         self.report = report
+        self.announce = announce
         self.clock = clock
+        self._starting: dict[str, float] = {}  # worker_id -> when it was started, until ready
         self.leases = LeaseMirror()
         self._idle_since: dict[str, float] = {}  # worker_id -> since when it was idle
         self._backoff: dict[str, RestartBackoff] = {}  # pool -> its restart schedule
@@ -159,6 +168,9 @@ class Autoscaler:
             beat = WorkerHeartbeat.from_wire(_decode(msg))
         except ProtocolError:  # the gateway logs malformed beats; one line per beat is enough
             return
+        if beat.ready and (started := self._starting.pop(beat.worker_id, None)) is not None:
+            self.announce(f"heron up: worker {beat.worker_id} ready, pool {beat.pool} "
+                          f"({self.clock() - started:.1f} s after its start)")
         if not beat.ready or beat.in_flight or beat.queue_depth:
             # A worker still starting has no work because it cannot take any yet: counted
             # idle, a worker whose start outlasted the cooldown was stopped before it could
@@ -181,6 +193,7 @@ class Autoscaler:
     async def reconcile(self) -> None:
         for worker_id, pool, code in self.workers.reap():
             self._idle_since.pop(worker_id, None)
+            self._starting.pop(worker_id, None)
             self._died(worker_id, pool, code)
         p = self.policy
         self._scale_down_idle(p.pool, floor=p.min_workers)
@@ -230,6 +243,7 @@ class Autoscaler:
 
     async def _start(self, pool: str, bundle: str) -> str:
         worker_id = await self.workers.start_worker(pool, bundle)
+        self._starting[worker_id] = self.clock()
         backoff = self._backoff.get(pool)
         if backoff is not None:
             backoff.started()
@@ -258,6 +272,7 @@ class Autoscaler:
     def _stop(self, worker_id: str) -> None:
         """Stop a worker in the background: draining takes a while, scaling goes on."""
         self._idle_since.pop(worker_id, None)
+        self._starting.pop(worker_id, None)
         stopped = self.workers.stop_worker(worker_id)
 
         async def wait() -> None:

@@ -169,3 +169,26 @@ async def test_a_worker_still_starting_is_not_idle(tmp_path: Path) -> None:
         assert table.stopped == [] and table.alive("static") == [worker]
         await idle_beat(nc, "static", worker)  # ready now, and no work comes
         await until(lambda: table.stopped == [worker], timeout_s=3)
+
+
+async def test_a_started_worker_is_announced_once_when_it_first_says_ready(
+        tmp_path: Path) -> None:
+    """The line that tells whoever runs `heron up` a worker serves: on its first ready beat,
+    once; not while it loads, and not for a worker this autoscaler did not start."""
+    async with scaler(tmp_path) as (autoscaler, table, nc):
+        lines: list[str] = []
+        autoscaler.announce = lines.append
+        await demand(nc, "static")
+        await until(lambda: len(table.alive("static")) == 1)
+        [worker] = table.alive("static")
+        await idle_beat(nc, "static", worker, ready=False)
+        await idle_beat(nc, "static", "someone-else")  # a worker of another heron up
+        await nc.flush()
+        await asyncio.sleep(0.2)
+        assert lines == []
+        for _ in range(3):
+            await idle_beat(nc, "static", worker)
+        await until(lambda: len(lines) == 1)
+        await asyncio.sleep(0.2)
+        assert len(lines) == 1
+        assert lines[0].startswith(f"heron up: worker {worker} ready, pool static (")

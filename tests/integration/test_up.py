@@ -140,6 +140,8 @@ def test_up_serves_and_stops_without_orphans(tmp_path: Path) -> None:
     try:
         up.wait_for(lambda: local_http.get(up.url + "/readyz", timeout=1).status_code == 200
                     and up.healthy_workers() == workers)
+        # The console says when each worker serves, once.
+        up.wait_for(lambda: up.log.read_text().count(" ready, pool default (") == workers)
         names = " ".join(up.child_commands())
         assert "nats-server" in names and " gateway " in names and " worker " in names
         # The cores split between the workers, as heron serve splits them between its
