@@ -83,7 +83,6 @@ class ConfigFollower:
         """Subscribe, bootstrap (retrying until the config service answers), keep up."""
         self._nc = nc
         self._subscribed = False
-        self._http = httpx.AsyncClient(timeout=EXPORT_TIMEOUT_S)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _subscribe(self) -> None:
@@ -116,7 +115,7 @@ class ConfigFollower:
             await asyncio.sleep(self.resync_s)
 
     def _client(self) -> httpx.AsyncClient:
-        if self._http is None:  # bootstrap() called without start()
+        if self._http is None:  # made on first use, on the event loop that uses it
             self._http = httpx.AsyncClient(timeout=EXPORT_TIMEOUT_S)
         return self._http
 
