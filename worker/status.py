@@ -44,13 +44,13 @@ class StatusPublisher:
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def beat_now(self) -> None:
+    async def beat_now(self, *, ready_override: bool | None = None) -> None:
         """Publish a beat at once, between the ticks: the worker's readiness just changed,
         and gateways would otherwise learn it up to a second later (answering 202 for a
         pool whose worker is ready meanwhile)."""
         with contextlib.suppress(Exception):  # NATS down: the next beat will tell
-            await self.nc.publish(self.subject,
-                                  wire.encode(self.beat().to_wire(), wire.MSGPACK))
+            await self.nc.publish(self.subject, wire.encode(
+                self.beat(ready_override=ready_override).to_wire(), wire.MSGPACK))
 
     async def _run(self) -> None:
         while True:
@@ -63,7 +63,6 @@ class StatusPublisher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self.beat_now(ready_override=False)
         with contextlib.suppress(Exception):
-            await self.nc.publish(self.subject, wire.encode(
-                self.beat(ready_override=False).to_wire(), wire.MSGPACK))
             await self.nc.flush(timeout=1)
