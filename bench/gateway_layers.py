@@ -40,10 +40,16 @@ from bench.texts import build_workload
 from heron.cli.main import threads_per_process
 
 # The gateway process only ("gateway" is its subcommand), before anything is imported.
-SITECUSTOMIZE = """import os, sys
+# Python reports an exception in sitecustomize and goes on, which would measure the whole
+# path under a stub's name: a stub that fails to install stops the gateway instead.
+SITECUSTOMIZE = """import os, sys, traceback
 if os.environ.get("HERON_BENCH_STUB") and "gateway" in sys.orig_argv:
-    from bench.gateway_stubs import install
-    install(os.environ["HERON_BENCH_STUB"])
+    try:
+        from bench.gateway_stubs import install
+        install(os.environ["HERON_BENCH_STUB"])
+    except BaseException:
+        traceback.print_exc()
+        os._exit(3)
 """
 CLIENTS = 32
 WORKERS = 2  # heron up's default on 2 cores
