@@ -17,10 +17,9 @@ the backlog implies.
 Publishes are retried through JetStream leader elections (gateway/publisher.py).
 
 Small encode and extract requests share work items (gateway/coalescing.py decides which
-and when, and splits their results; ``_join``, ``_send_group`` and ``_split_group_result``
-here do the I/O): a shared
-work item has an inbox key of its own, and its result is split back into each member's by
-item range, then reassembled as any result.
+and when; gateway/shared_items.py publishes them and splits their results): a shared work
+item has an inbox key of its own, and its result is split back into each member's by item
+range, then reassembled as any result.
 
 Phases measured here: ``coalesce`` (a shared work item's wait for company), ``publish``
 (until JetStream acked every work item) and
@@ -33,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -42,20 +40,12 @@ from nats.aio.msg import Msg
 from opentelemetry.trace import SpanKind
 
 from heron.gateway.admission import PoolLoad
-from heron.gateway.coalescing import Coalescer, Group, Member, split_result
 from heron.gateway.metrics import GatewayMetrics
 from heron.gateway.publisher import WorkPublisher
 from heron.gateway.reassembly import Added, Reassembly
 from heron.gateway.settings import GatewaySettings
-from heron.gateway.slicing import (
-    HEADER_BYTES,
-    MESSAGE_OVERHEAD_BYTES,
-    Slice,
-    encode_slices,
-    item_bytes,
-    item_tokens,
-    plan_slices,
-)
+from heron.gateway.shared_items import SharedItems
+from heron.gateway.slicing import Slice, encode_slices, plan_slices
 from heron.runtime import telemetry
 from heron.runtime.nats_link import NatsLink
 from heron.runtime.nats_names import Lane, lane_of, reply_subject, work_subject
@@ -68,17 +58,6 @@ from heron_sdk.types import Item
 log = logging.getLogger("heron.gateway.dispatch")
 
 NATS_WAIT_POLL_S = 0.05  # how often a request waiting for NATS to come back looks
-# Tasks whose small requests are coalesced: their answers are per item, so a shared work
-# item's answer splits back by item range (score ranks against one query: not coalesced).
-COALESCED_TASKS = frozenset({"encode", "extract"})
-# A request with less time left than this many coalescing windows is sent alone.
-COALESCE_MIN_DEADLINE_WINDOWS = 50
-# Options that differ between requests of one group: the items, and the timeout (the work
-# item carries the latest member's deadline; each member times out on its own).
-_PER_MEMBER_FIELDS = frozenset({"items", "timeout_s"})
-# Bytes of items in a shared work item: NATS max_payload (1 MiB by default) less room for
-# the headers and the request's other fields (heron.gateway.slicing).
-GROUP_BYTES_DEFAULT = 1024 * 1024 - MESSAGE_OVERHEAD_BYTES
 
 
 @dataclass(slots=True)
@@ -122,21 +101,10 @@ class WorkRequest:
         return len(self.items) if self.weights is None else sum(self.weights)
 
 
-@dataclass(frozen=True, slots=True)
-class GroupKey:
-    """What requests must share to be coalesced into one work item."""
-
-    pool: str
-    model_id: str
-    task: str
-    priority: int
-    lane: Lane
-    deadline_class: int  # log2 of the seconds left: similar deadlines only
-    options: str  # repr of every wire field but items and timeout_s (their order as sent)
-
-
 @dataclass(slots=True)
-class _Pending:
+class PendingRequest:
+    """A submitted request while it waits: its results so far, its backlog, its wait."""
+
     reassembly: Reassembly
     load: PoolLoad  # the backlog it counts in (its pool's, or its pool's bulk lane's)
     done: asyncio.Future[None]
@@ -155,14 +123,12 @@ class _Pending:
         """Items ``start .. start + count - 1`` as they count in the backlog."""
         return count if self.weights is None else sum(self.weights[start:start + count])
 
-
-@dataclass(slots=True)
-class _SentGroup:
-    """A published shared work item: its members (by inbox key) and their item ranges."""
-
-    group: Group
-    live: int  # members still waiting for it
-    load: PoolLoad  # the backlog it counts in, as one slice
+    def fail(self, error: HeronError) -> None:
+        """End the wait with ``error`` (the first one stays)."""
+        if self.reassembly.error is None:
+            self.reassembly.error = error
+        if not self.done.done():
+            self.done.set_result(None)
 
 
 class Dispatcher:
@@ -172,18 +138,13 @@ class Dispatcher:
         self.gateway_id = gateway_id
         self.settings = settings
         self.metrics = metrics
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, PendingRequest] = {}
         # (pool, bulk lane?) -> its backlog (items and work items published, not answered)
         # and drain rate
         self._loads: dict[tuple[str, bool], PoolLoad] = {}
         self.publisher = WorkPublisher(link, settings, metrics, self.nats_unavailable)
-        self.coalescer = Coalescer(
-            max_wait_s=settings.coalesce_max_wait_s, max_items=settings.coalesce_max_items,
-            max_tokens=settings.max_tokens_per_work_item,
-            max_bytes=GROUP_BYTES_DEFAULT)  # set from NATS max_payload once connected
-        self._groups: dict[str, _SentGroup] = {}  # inbox key of a shared work item -> it
-        self._flying: dict[str, int] = {}  # pool -> its shared work items in self._groups
-        self._sending: set[asyncio.Task[None]] = set()  # held: the loop keeps weak refs
+        self.shared = SharedItems(link, gateway_id, settings, metrics, self.publisher,
+                                  self._pending, self._apply)
 
     def load(self, pool: str, bulk: bool = False) -> PoolLoad:
         load = self._loads.get((pool, bulk))
@@ -210,7 +171,7 @@ class Dispatcher:
                              max_payload=max_payload, shared_text=work.shared_text)
         remaining = self._remaining(work)
         load = self.load(work.pool, work.bulk)
-        coalesce = len(slices) == 1 and self._coalescable(work, remaining)
+        coalesce = len(slices) == 1 and self.shared.coalescable(work, remaining)
         # A shared work item is encoded when its group leaves (its bytes were estimated).
         encoded = [] if coalesce else encode_slices(work.wire_body, slices, max_payload)
         pieces = slices if coalesce else [s for s, _ in encoded]
@@ -220,7 +181,7 @@ class Dispatcher:
 
         inbox_key = new_request_id()
         deadline = time.time() + remaining  # wall clock: workers compare it with theirs
-        pending = _Pending(Reassembly(work.request_id, pieces, partial=work.partial),
+        pending = PendingRequest(Reassembly(work.request_id, pieces, partial=work.partial),
                            load, asyncio.get_running_loop().create_future(),
                            work.cost(), messages, weights=work.weights)
         self._pending[inbox_key] = pending
@@ -229,7 +190,7 @@ class Dispatcher:
         timings = pending.reassembly.gateway_timings
         try:
             if coalesce:
-                self._join(work, inbox_key, deadline, remaining, busy)
+                self.shared.join(work, inbox_key, deadline, remaining, busy)
             else:
                 pending.published_at = time.monotonic()
                 with telemetry.span(telemetry.GATEWAY, "publish", kind=SpanKind.PRODUCER,
@@ -306,130 +267,6 @@ class Dispatcher:
                              "; retry after the Retry-After",
                              retry_after_s=refusal.retry_after_s)
 
-    # ---- coalescing (gateway/coalescing.py decides; these do the I/O) --------------------
-    def _coalescable(self, work: WorkRequest, remaining: float) -> bool:
-        settings = self.settings
-        # Chunking: an item is many rows already, and the worker bounds the chunks of what
-        # it computes as one request: members that each fit could not fit together.
-        return (work.task in COALESCED_TASKS and settings.coalesce_max_items > 1
-                and not work.bulk and "chunking" not in work.wire_body
-                and 2 * len(work.items) <= settings.coalesce_max_items
-                and remaining > COALESCE_MIN_DEADLINE_WINDOWS * settings.coalesce_max_wait_s)
-
-    def _join(self, work: WorkRequest, inbox_key: str, deadline: float, remaining: float,
-              busy: bool) -> None:
-        """Put the request in its key's open group; publish what is ready, and schedule
-        the group it opened (if any) to leave after its wait."""
-        body = work.wire_body
-        shared = {k: v for k, v in body.items() if k not in _PER_MEMBER_FIELDS}
-        key = GroupKey(work.pool, work.model_id, work.task, work.priority, work.lane,
-                       int(math.log2(max(remaining, 1e-3))), repr(shared))
-        member = Member(inbox_key, work.request_id, body["items"],
-                        sum(item_tokens(i) for i in work.items),
-                        sum(item_bytes(i) for i in work.items), deadline, time.monotonic())
-        self.coalescer.max_bytes = self.link.max_payload - MESSAGE_OVERHEAD_BYTES
-        joined = self.coalescer.join(key, work.pool, shared, member, busy=busy)
-        for group in joined.ready:
-            self._send(group)
-        opened = joined.opened
-        if opened is not None:
-            loop = asyncio.get_running_loop()
-            if opened.wait_s <= 0:
-                loop.call_soon(self._close, opened)
-            else:
-                loop.call_later(opened.wait_s, self._close, opened)
-
-    def _close(self, group: Group) -> None:
-        if self.coalescer.close(group):
-            self._send(group)
-
-    def _send(self, group: Group) -> None:
-        task = asyncio.get_running_loop().create_task(self._send_group(group))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
-
-    async def _send_group(self, group: Group) -> None:
-        """Publish one shared work item for the group's members still waiting (one that
-        timed out or whose client left is not computed)."""
-        left_at = time.monotonic()
-        live = [(m, p) for m in group.members
-                if (p := self._pending.get(m.inbox_key)) is not None]
-        if not live:
-            return
-        if len(live) < len(group.members):
-            group = group.only([m for m, _ in live])
-        key: GroupKey = group.key  # type: ignore[assignment]
-        payload = wire.encode({**group.body, "items": group.wire_items()}, wire.MSGPACK)
-        if len(payload) > self.link.max_payload - HEADER_BYTES and len(group.members) > 1:
-            half = len(group.members) // 2  # the byte estimate was short: two work items
-            for part in (group.members[:half], group.members[half:]):
-                self._send(group.only(part))
-            return
-        group_key = new_request_id()
-        load = live[0][1].load
-        self._groups[group_key] = _SentGroup(group, len(live), load)
-        load.published(0, 1, left_at)
-        self._flying[group.pool] = self._flying.get(group.pool, 0) + 1
-        for member, pending in live:
-            pending.group = group_key
-            pending.published_at = left_at
-            pending.reassembly.gateway_timings["coalesce"] = left_at - member.joined_at
-        subject = work_subject(key.pool, key.model_id, key.lane)
-        headers = WorkItemHeaders(group.members[0].request_id, key.task, key.model_id,
-                                  reply_subject(self.gateway_id, group_key), 0, group.items,
-                                  group.deadline, key.priority).to_wire()
-        try:
-            with telemetry.span(telemetry.GATEWAY, "publish", kind=SpanKind.PRODUCER,
-                                attributes={"messaging.system": "nats",
-                                            "messaging.destination.name": subject,
-                                            "heron.work_items": 1,
-                                            "heron.coalesced_requests": len(live)}):
-                telemetry.inject(headers)
-                give_up_at = time.monotonic() + min(group.deadline - time.time(),
-                                                    self.settings.publish_retry_max_s)
-                await self.publisher.publish(key.pool, subject, payload, headers, give_up_at)
-        except Exception as exc:
-            self._landed(self._groups.pop(group_key, None))
-            load.abandoned(0, 1, time.monotonic())
-            error = self.publisher.error(key.pool, exc)
-            for _, pending in live:
-                _fail(pending, error)
-            return
-        metrics = self.metrics
-        metrics.of(metrics.work_items, key.pool).inc()
-        metrics.of(metrics.coalesced, key.pool).observe(len(live))
-        published = time.monotonic() - left_at
-        for _, pending in live:
-            pending.reassembly.gateway_timings.setdefault("publish", published)
-
-    def _landed(self, sent: _SentGroup | None) -> None:
-        """A shared work item is no longer in flight: the pool's open groups may leave."""
-        if sent is None:
-            return
-        pool = sent.group.pool
-        self._flying[pool] = flying = max(0, self._flying.get(pool, 0) - 1)
-        if not flying:  # the pool's workers have nothing of ours: waiting gains nothing
-            for group in self.coalescer.release(pool):
-                self._send(group)
-
-    def _split_group_result(self, sent: _SentGroup, result: WorkResult,
-                            arrived: float) -> None:
-        """A shared work item's result, as each member's own (coalescing.split_result);
-        members whose neighbour's input failed it are sent again."""
-        split = split_result(sent.group, result, self._pending.__contains__)
-        done = 0  # items answered: the work item's one completion in the pool's rate
-        for member, part in split.results:
-            done += self._apply(self._pending[member.inbox_key], part, arrived, shared=True)
-        if result.error is None and done:
-            batch_s = result.timings.get("inference") if result.timings else None
-            sent.load.answered(done, 1, arrived,
-                               batch_s if isinstance(batch_s, int | float) else None)
-        else:
-            sent.load.abandoned(0, 1, arrived)
-        if split.resend:
-            self.metrics.coalesced_resent.labels(sent.group.pool).inc(len(split.resend))
-            self._send(sent.group.only(split.resend))
-
     async def _publish(self, work: WorkRequest, reply: str, deadline: float,
                        encoded: list[tuple[Slice, bytes]]) -> None:
         subject = work_subject(work.pool, work.model_id, work.lane)
@@ -476,14 +313,13 @@ class Dispatcher:
         if pending is not None:
             self._apply(pending, result, arrived)
             return
-        sent = self._groups.pop(key, None)
+        sent = self.shared.take(key)
         if sent is not None:
-            self._landed(sent)
-            self._split_group_result(sent, result, arrived)
+            self.shared.split(sent, result, arrived)
             return
         self.metrics.ignored_results.labels("unknown").inc()
 
-    def _apply(self, pending: _Pending, result: WorkResult, arrived: float,
+    def _apply(self, pending: PendingRequest, result: WorkResult, arrived: float,
                shared: bool = False) -> int:
         """One result for one request's slice: reassemble it, count it, finish the wait.
         ``shared``: the request's part of a shared work item's result, whose completion
@@ -519,12 +355,8 @@ class Dispatcher:
     def _forget(self, inbox_key: str) -> None:
         pending = self._pending.pop(inbox_key, None)
         if pending is not None:
-            sent = self._groups.get(pending.group) if pending.group else None
-            if sent is not None:
-                sent.live -= 1
-                if sent.live <= 0:  # nobody waits for that work item's result any more
-                    self._landed(self._groups.pop(pending.group))  # type: ignore[arg-type]
-                    sent.load.abandoned(0, 1, time.monotonic())
+            if pending.group:
+                self.shared.member_left(pending.group)
             # Slices still unanswered stop counting: workers drop them past the deadline.
             pending.load.abandoned(pending.items - pending.answered,
                                               pending.slices - pending.answered_slices,
@@ -559,13 +391,6 @@ async def _settle(coro: Any) -> Any:
         return await coro
     except Exception as exc:  # every failure becomes a 503/429 in _publish_error
         return exc
-
-
-def _fail(pending: _Pending, error: HeronError) -> None:
-    if pending.reassembly.error is None:
-        pending.reassembly.error = error
-    if not pending.done.done():
-        pending.done.set_result(None)
 
 
 def _expire(done: asyncio.Future[None]) -> None:
