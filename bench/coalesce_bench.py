@@ -9,7 +9,10 @@ one text per request (where coalescing at the gateway matters).
    `heron up` as it starts by default (one gateway, ``--workers auto``: as many workers
    as ``heron serve --workers auto`` runs processes, the cores split between them) and
    `heron up --workers 1` (one worker with all the cores' threads, the default before
-   2026-11-29), all three up at once.
+   2026-11-29), all three up at once; with each 32-client step, the CPU a request of each
+   kind of process (user + system time over the step, divided by its requests:
+   ``cpu_us_per_request``), so what a request costs the cores can be read process by
+   process.
 2. ``messages``: NATS messages a request costs (nats-server's /varz in + out), with
    coalescing and with ``--coalesce-max-items 0``, at 1 and 32 clients (null model).
 3. ``minilm`` (the default bundle, mixed 8-128-token texts): both servers up at once (the
@@ -36,8 +39,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.cluster_bench import local_cluster
 from bench.load import run_wrk, write_bodies
+from bench.revision_ab import cpu_s, processes
 from bench.server import REPO, free_port, start_server
 from bench.texts import build_workload
 from heron.cli.main import serve_processes, threads_per_process
@@ -51,6 +57,18 @@ def log(message: str) -> None:
 
 def step(url: str, bodies: Path, connections: int, duration_s: float) -> dict[str, Any]:
     return run_wrk(url, bodies, connections=connections, duration_s=duration_s).summary()
+
+
+def measured_step(url: str, bodies: Path, connections: int, duration_s: float,
+                  procs: dict[str, list[psutil.Process]]) -> dict[str, Any]:
+    """``step``, with the CPU a request of each kind of process in ``procs`` (µs)."""
+    before = cpu_s(procs)
+    summary = step(url, bodies, connections, duration_s)
+    after = cpu_s(procs)
+    requests = max(1, summary["requests"])
+    summary["cpu_us_per_request"] = {role: round((after[role] - before[role]) / requests * 1e6)
+                                     for role in after}
+    return summary
 
 
 def brief(summary: dict[str, Any]) -> str:
@@ -77,19 +95,27 @@ def null_part(work: Path, bodies: Path, workers: int, duration: float,
                 "up_one_worker": f"{one_worker_gateway}/v1/encode/null-model"}
         for url in urls.values():
             step(url, bodies, 8, 2.0)  # warm-up
+        serve_process = psutil.Process(server.pid)
+        procs = {"serve": {"serve": [serve_process, *serve_process.children(recursive=True)]},
+                 "up": processes(work / "up-null"),
+                 "up_one_worker": processes(work / "up-null-one-worker")}
         steps: dict[str, list[dict[str, Any]]] = {side: [] for side in urls}
         for index in range(rounds):
             order = list(urls)[index % 3:] + list(urls)[:index % 3]
             for side in order:
-                steps[side].append(step(urls[side], bodies, 32, duration))
+                steps[side].append(measured_step(urls[side], bodies, 32, duration,
+                                                 procs[side]))
             log(f"null c32 round {index}: " + "; ".join(
                 f"{side} {brief(steps[side][-1])}" for side in order))
         for side, url in urls.items():
             c32 = {"steps": steps[side], "throughput_rps": statistics.median(
-                s["throughput_rps"] for s in steps[side])}
+                s["throughput_rps"] for s in steps[side]),
+                   "cpu_us_per_request": {role: statistics.median(
+                       s["cpu_us_per_request"][role] for s in steps[side])
+                       for role in procs[side]}}
             out[side] = {"c1": step(url, bodies, 1, duration), "c32": c32}
             log(f"null, {side}: c1 {brief(out[side]['c1'])}; c32 median "
-                f"{c32['throughput_rps']}/s")
+                f"{c32['throughput_rps']}/s, CPU a request {c32['cpu_us_per_request']} µs")
     for side in ("up", "up_one_worker"):
         out[f"{side}_to_serve_c32"] = round(out[side]["c32"]["throughput_rps"]
                                             / out["serve"]["c32"]["throughput_rps"], 3)
