@@ -21,10 +21,10 @@ and when; gateway/shared_items.py publishes them and splits their results): a sh
 item has an inbox key of its own, and its result is split back into each member's by item
 range, then reassembled as any result.
 
-Phases measured here: ``coalesce`` (a shared work item's wait for company), ``publish``
-(until JetStream acked every work item) and
-``queue_wait`` (the rest of the wait that the worker did not account for: time in the
-stream before a worker took the item, and the result's way back).
+Phases measured here: ``coalesce`` (a shared work item's wait for company, stamped by
+gateway/shared_items.py when its group leaves), ``publish`` (until JetStream acked every
+work item) and ``queue_wait`` (the rest of the wait that the worker did not account for:
+time in the stream before a worker took the item, and the result's way back).
 """
 
 from __future__ import annotations
