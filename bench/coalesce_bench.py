@@ -43,7 +43,7 @@ import psutil
 
 from bench.cluster_bench import local_cluster
 from bench.load import run_wrk, write_bodies
-from bench.revision_ab import cpu_s, processes
+from bench.revision_ab import cpu_s, cpu_us_per_request, processes
 from bench.server import REPO, free_port, start_server
 from bench.texts import build_workload
 from heron.cli.main import serve_processes, threads_per_process
@@ -64,10 +64,8 @@ def measured_step(url: str, bodies: Path, connections: int, duration_s: float,
     """``step``, with the CPU a request of each kind of process in ``procs`` (µs)."""
     before = cpu_s(procs)
     summary = step(url, bodies, connections, duration_s)
-    after = cpu_s(procs)
-    requests = max(1, summary["requests"])
-    summary["cpu_us_per_request"] = {role: round((after[role] - before[role]) / requests * 1e6)
-                                     for role in after}
+    summary["cpu_us_per_request"] = cpu_us_per_request(before, cpu_s(procs),
+                                                       summary["requests"])
     return summary
 
 

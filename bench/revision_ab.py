@@ -118,6 +118,13 @@ def cpu_s(procs: dict[str, list[psutil.Process]]) -> dict[str, float]:
     return {role: sum(sum(p.cpu_times()[:2]) for p in group) for role, group in procs.items()}
 
 
+def cpu_us_per_request(before: dict[str, float], after: dict[str, float],
+                       requests: int) -> dict[str, int]:
+    """Each role's CPU a request (µs) between two ``cpu_s`` readings."""
+    return {role: round((after[role] - before[role]) / max(1, requests) * 1e6)
+            for role in before}
+
+
 def takes_cache_field(port: int, model: str, timeout_s: float = 120.0) -> bool:
     """Whether the tree's API takes ``"cache": false`` (a 200), or refuses it (a 4xx): asked
     until one of the two comes back. A 202 (the pool's worker not heard from yet) or a
@@ -189,14 +196,12 @@ def run(rev: str, rounds: int, duration_s: float, out: Path, workers: int = 1,
                                   bodies[name], connections=32,
                                   duration_s=duration_s).summary()
                 after = cpu_s(procs[name])
-                requests = max(1, summary["requests"])
                 result["steps"].append({
                     "round": round_no, "tree": name, "clients": 32,
                     "throughput_rps": summary["throughput_rps"],
                     "latency_ms": summary["latency_ms"], "non_2xx": summary["non_2xx"],
-                    "cpu_us_per_request": {role: round((after[role] - before[role])
-                                                       / requests * 1e6)
-                                           for role in before}})
+                    "cpu_us_per_request": cpu_us_per_request(before, after,
+                                                             summary["requests"])})
                 log(f"round {round_no} {name}: {summary['throughput_rps']} requests/s")
                 time.sleep(1)
             for name in order:
@@ -205,9 +210,8 @@ def run(rev: str, rounds: int, duration_s: float, out: Path, workers: int = 1,
                 after = cpu_s(procs[name])
                 result["steps"].append({
                     "round": round_no, "tree": name, "clients": 1, "p50_ms": round(p50, 3),
-                    "cpu_us_per_request": {role: round((after[role] - before[role])
-                                                       / ONE_CLIENT_REQUESTS * 1e6)
-                                           for role in before}})
+                    "cpu_us_per_request": cpu_us_per_request(before, after,
+                                                             ONE_CLIENT_REQUESTS)})
                 log(f"round {round_no} {name}: one client p50 {p50:.2f} ms, CPU a request "
                     f"{result['steps'][-1]['cpu_us_per_request']} us")
     result["summary"] = summarize(result["steps"], rounds)

@@ -182,8 +182,8 @@ class Dispatcher:
         inbox_key = new_request_id()
         deadline = time.time() + remaining  # wall clock: workers compare it with theirs
         pending = PendingRequest(Reassembly(work.request_id, pieces, partial=work.partial),
-                           load, asyncio.get_running_loop().create_future(),
-                           work.cost(), messages, weights=work.weights)
+                                 load, asyncio.get_running_loop().create_future(),
+                                 work.cost(), messages, weights=work.weights)
         self._pending[inbox_key] = pending
         busy = load.items > 0 or load.slices > 0  # other requests of this gateway outstanding
         load.published(pending.items, messages, time.monotonic())
