@@ -19,7 +19,9 @@ one text per request (where coalescing at the gateway matters).
    idle one costs a heartbeat a second) and their steps interleaved (serve then cluster,
    cluster then serve in the next round) at 32 and then at 64 clients, ``--rounds``
    times; the JSON holds every step and the median ratio of each pair (steps seconds
-   apart, so the machine's drift cancels out).
+   apart, so the machine's drift cancels out), and each step's CPU a request by role,
+   with each role's event loops (main threads) apart as ``ROLE_event_loop``: what the
+   path around the model costs each side under the model's load.
 
 wrk drives both (one thread). Prints one JSON document and writes DIR/coalesce_bench.json
 (DIR: bench/results/), and DIR/coalesce_bench.png when matplotlib is installed.
@@ -36,6 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ import psutil
 
 from bench.cluster_bench import local_cluster
 from bench.load import run_wrk, write_bodies
-from bench.revision_ab import cpu_s, cpu_us_per_request, processes
+from bench.revision_ab import cpu_s, cpu_us_per_request, loop_cpu_s, processes
 from bench.server import REPO, free_port, start_server
 from bench.texts import build_workload
 from heron.cli.main import serve_processes, threads_per_process
@@ -60,11 +63,14 @@ def step(url: str, bodies: Path, connections: int, duration_s: float) -> dict[st
 
 
 def measured_step(url: str, bodies: Path, connections: int, duration_s: float,
-                  procs: dict[str, list[psutil.Process]]) -> dict[str, Any]:
-    """``step``, with the CPU a request of each kind of process in ``procs`` (µs)."""
-    before = cpu_s(procs)
+                  procs: dict[str, list[psutil.Process]],
+                  read_cpu: Callable[[dict[str, list[psutil.Process]]],
+                                     dict[str, float]] = cpu_s) -> dict[str, Any]:
+    """``step``, with the CPU a request of each kind of process in ``procs`` (µs), as
+    ``read_cpu`` reads it (``loop_cpu_s``: the event loops apart)."""
+    before = read_cpu(procs)
     summary = step(url, bodies, connections, duration_s)
-    summary["cpu_us_per_request"] = cpu_us_per_request(before, cpu_s(procs),
+    summary["cpu_us_per_request"] = cpu_us_per_request(before, read_cpu(procs),
                                                        summary["requests"])
     return summary
 
@@ -163,12 +169,16 @@ def minilm_part(work: Path, bodies: Path, workers: int, duration: float,
                 "up": f"{gateway}/v1/encode/minilm"}
         for url in urls.values():
             step(url, bodies, 16, 3.0)  # warm-up
+        serve_process = psutil.Process(server.pid)
+        procs = {"serve": {"serve": [serve_process, *serve_process.children(recursive=True)]},
+                 "up": processes(work / "up-minilm")}
         for index in range(rounds):
             for c in (32, 64):
                 row: dict[str, Any] = {"round": index, "connections": c}
                 sides = list(urls) if index % 2 == 0 else list(reversed(urls))
                 for side in sides:  # the order turns each round: drift favours neither
-                    row[side] = step(urls[side], bodies, c, duration)
+                    row[side] = measured_step(urls[side], bodies, c, duration, procs[side],
+                                              loop_cpu_s)
                 row["ratio"] = round(row["up"]["throughput_rps"]
                                      / row["serve"]["throughput_rps"], 3)
                 row["p99_ratio"] = round(row["up"]["latency_ms"]["p99"]
@@ -183,7 +193,10 @@ def minilm_part(work: Path, bodies: Path, workers: int, duration: float,
             "median_ratio": statistics.median(r["ratio"] for r in rows),
             "median_p99_ratio": statistics.median(r["p99_ratio"] for r in rows),
             "serve_rps": statistics.median(r["serve"]["throughput_rps"] for r in rows),
-            "up_rps": statistics.median(r["up"]["throughput_rps"] for r in rows)}
+            "up_rps": statistics.median(r["up"]["throughput_rps"] for r in rows),
+            "cpu_us_per_request": {side: {role: statistics.median(
+                r[side]["cpu_us_per_request"][role] for r in rows)
+                for role in rows[0][side]["cpu_us_per_request"]} for side in ("serve", "up")}}
     return {"steps": steps, "summary": summary}
 
 

@@ -118,11 +118,29 @@ def cpu_s(procs: dict[str, list[psutil.Process]]) -> dict[str, float]:
     return {role: sum(sum(p.cpu_times()[:2]) for p in group) for role, group in procs.items()}
 
 
+def loop_cpu_s(procs: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    """``cpu_s``, and for each Heron role ROLE_event_loop: the CPU-seconds of its processes'
+    main threads alone, which run the event loop (HTTP or NATS, parsing, short texts'
+    tokenizing, answering); the other threads run the forward passes (and long texts'
+    tokenizing). Not for nats-server: a Go program's work is on no thread in particular."""
+    out = cpu_s(procs)
+    for role, group in procs.items():
+        if role == "nats-server":
+            continue
+        loop = 0.0
+        for process in group:
+            with contextlib.suppress(psutil.Error):
+                loop += sum(t.user_time + t.system_time for t in process.threads()
+                            if t.id == process.pid)
+        out[f"{role}_event_loop"] = loop
+    return out
+
+
 def cpu_us_per_request(before: dict[str, float], after: dict[str, float],
                        requests: int) -> dict[str, int]:
     """Each role's CPU a request (µs) between two ``cpu_s`` readings."""
-    return {role: round((after[role] - before[role]) / max(1, requests) * 1e6)
-            for role in before}
+    return {role: round((after.get(role, value) - value) / max(1, requests) * 1e6)
+            for role, value in before.items()}
 
 
 def takes_cache_field(port: int, model: str, timeout_s: float = 120.0) -> bool:

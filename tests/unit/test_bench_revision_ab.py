@@ -1,5 +1,6 @@
 """bench/revision_ab.py: an earlier commit's tree comes out runnable (its import layout
-rebuilt), and each ratio pairs the two trees' steps of one round."""
+rebuilt), each ratio pairs the two trees' steps of one round, and a process's CPU is read
+with its event loop's apart."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.revision_ab import export, summarize
+import psutil
+
+from bench.revision_ab import export, loop_cpu_s, summarize
 from bench.server import REPO
 
 
@@ -40,3 +43,22 @@ def test_ratios_pair_the_two_trees_steps_of_each_round() -> None:
     assert summary["rps_ratio_median"] == 2.5
     assert summary["one_client_p50_ratio_per_round"] == [round(5 / 6, 3), 1.0]
     assert summary["rps_median"] == {"this": 1300.0, "rev": 550.0}
+
+
+def test_the_event_loop_threads_cpu_is_read_apart_from_the_other_threads() -> None:
+    # The main thread spins 0.4 s of CPU, a second thread 0.8 s, then both idle.
+    code = ("import threading, time, sys\n"
+            "def spin(s):\n"
+            "    end = time.thread_time() + s\n"
+            "    while time.thread_time() < end: pass\n"
+            "t = threading.Thread(target=spin, args=(0.8,)); t.start(); spin(0.4); t.join()\n"
+            "print('spun', flush=True); sys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "spun\n"
+        cpu = loop_cpu_s({"server": [psutil.Process(child.pid)]})
+    finally:
+        child.communicate("")
+    assert cpu["server"] >= 1.1
+    assert 0.35 <= cpu["server_event_loop"] <= 0.7
