@@ -75,6 +75,18 @@ def measured_step(url: str, bodies: Path, connections: int, duration_s: float,
     return summary
 
 
+def serve_procs(pid: int) -> dict[str, list[psutil.Process]]:
+    """`heron serve`'s processes (the one started and its children) as one role."""
+    server = psutil.Process(pid)
+    return {"serve": [server, *server.children(recursive=True)]}
+
+
+def median_cpu(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Each role's median CPU a request over ``measured_step`` summaries."""
+    return {role: statistics.median(s["cpu_us_per_request"][role] for s in steps)
+            for role in steps[0]["cpu_us_per_request"]}
+
+
 def brief(summary: dict[str, Any]) -> str:
     lat = summary["latency_ms"]
     return (f"{summary['throughput_rps']}/s p50 {lat['p50']} p99 {lat['p99']} ms"
@@ -99,9 +111,7 @@ def null_part(work: Path, bodies: Path, workers: int, duration: float,
                 "up_one_worker": f"{one_worker_gateway}/v1/encode/null-model"}
         for url in urls.values():
             step(url, bodies, 8, 2.0)  # warm-up
-        serve_process = psutil.Process(server.pid)
-        procs = {"serve": {"serve": [serve_process, *serve_process.children(recursive=True)]},
-                 "up": processes(work / "up-null"),
+        procs = {"serve": serve_procs(server.pid), "up": processes(work / "up-null"),
                  "up_one_worker": processes(work / "up-null-one-worker")}
         steps: dict[str, list[dict[str, Any]]] = {side: [] for side in urls}
         for index in range(rounds):
@@ -114,9 +124,7 @@ def null_part(work: Path, bodies: Path, workers: int, duration: float,
         for side, url in urls.items():
             c32 = {"steps": steps[side], "throughput_rps": statistics.median(
                 s["throughput_rps"] for s in steps[side]),
-                   "cpu_us_per_request": {role: statistics.median(
-                       s["cpu_us_per_request"][role] for s in steps[side])
-                       for role in procs[side]}}
+                   "cpu_us_per_request": median_cpu(steps[side])}
             out[side] = {"c1": step(url, bodies, 1, duration), "c32": c32}
             log(f"null, {side}: c1 {brief(out[side]['c1'])}; c32 median "
                 f"{c32['throughput_rps']}/s, CPU a request {c32['cpu_us_per_request']} µs")
@@ -169,9 +177,7 @@ def minilm_part(work: Path, bodies: Path, workers: int, duration: float,
                 "up": f"{gateway}/v1/encode/minilm"}
         for url in urls.values():
             step(url, bodies, 16, 3.0)  # warm-up
-        serve_process = psutil.Process(server.pid)
-        procs = {"serve": {"serve": [serve_process, *serve_process.children(recursive=True)]},
-                 "up": processes(work / "up-minilm")}
+        procs = {"serve": serve_procs(server.pid), "up": processes(work / "up-minilm")}
         for index in range(rounds):
             for c in (32, 64):
                 row: dict[str, Any] = {"round": index, "connections": c}
@@ -194,9 +200,8 @@ def minilm_part(work: Path, bodies: Path, workers: int, duration: float,
             "median_p99_ratio": statistics.median(r["p99_ratio"] for r in rows),
             "serve_rps": statistics.median(r["serve"]["throughput_rps"] for r in rows),
             "up_rps": statistics.median(r["up"]["throughput_rps"] for r in rows),
-            "cpu_us_per_request": {side: {role: statistics.median(
-                r[side]["cpu_us_per_request"][role] for r in rows)
-                for role in rows[0][side]["cpu_us_per_request"]} for side in ("serve", "up")}}
+            "cpu_us_per_request": {side: median_cpu([r[side] for r in rows])
+                                   for side in ("serve", "up")}}
     return {"steps": steps, "summary": summary}
 
 

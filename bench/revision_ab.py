@@ -138,8 +138,8 @@ def loop_cpu_s(procs: dict[str, list[psutil.Process]]) -> dict[str, float]:
 
 def cpu_us_per_request(before: dict[str, float], after: dict[str, float],
                        requests: int) -> dict[str, int]:
-    """Each role's CPU a request (µs) between two ``cpu_s`` readings."""
-    return {role: round((after.get(role, value) - value) / max(1, requests) * 1e6)
+    """Each role's CPU a request (µs) between two readings (``cpu_s``, ``loop_cpu_s``)."""
+    return {role: round((after[role] - value) / max(1, requests) * 1e6)
             for role, value in before.items()}
 
 
