@@ -67,9 +67,12 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1, threads: int = 
                   other_cpus: set[int] | None = None,
                   inference_cpus: set[int] | None = None, extra_args: tuple[str, ...] = (),
                   extra_env: dict[str, str] | None = None,
-                  tree: Path = REPO) -> Iterator[tuple[str, str]]:
+                  tree: Path = REPO,
+                  inference_threads: int = 0) -> Iterator[tuple[str, str]]:
     """(gateway URL, a worker's URL) of a ready ``heron up`` with ``workers`` workers of
-    ``threads`` torch threads each (0: torch's default). ``worker_cpus`` and ``other_cpus``:
+    ``threads`` torch threads each (0: torch's default), each running up to
+    ``inference_threads`` forward passes at once (0: the worker's default, one).
+    ``worker_cpus`` and ``other_cpus``:
     where the workers and everything else (nats-server, config service, gateway) run.
     ``inference_cpus``: the workers' ``--inference-cpus`` (their other threads stay on
     ``other_cpus``). ``extra_args``/``extra_env``: more for ``heron up`` (``--nats URL``).
@@ -79,6 +82,8 @@ def local_cluster(bundle: str, data_dir: Path, workers: int = 1, threads: int = 
         env["PYTHONPATH"] = str(tree)
     if threads:
         env["HERON_THREADS"] = str(threads)
+    if inference_threads:
+        env["HERON_INFERENCE_THREADS"] = str(inference_threads)
     if inference_cpus:
         env["HERON_INFERENCE_CPUS"] = ",".join(map(str, sorted(inference_cpus)))
     port, nats_port = free_port(), free_port()

@@ -4,24 +4,29 @@ one text per request (where coalescing at the gateway matters).
     python -m bench.coalesce_bench [--quick] [--part null|messages|minilm|all] [--rounds N]
                                    [--out DIR]
 
+Two layouts of `heron up` run beside `heron serve` (``LAYOUTS``): ``up``, as it starts by
+default (one gateway; ``--workers auto``: one worker running a single-thread forward pass
+per usable CPU at once, as many as ``heron serve --workers auto`` runs processes), and
+``up_worker_per_cpu`` (that many single-thread workers: the default from 2026-11-29 to
+2026-11-30).
+
 1. ``null`` (bundle null: real tokenization, no model compute): requests/s at 32 clients
-   (the median of ``--rounds`` interleaved steps) and p50 at one client, of `heron serve`,
-   `heron up` as it starts by default (one gateway, ``--workers auto``: as many workers
-   as ``heron serve --workers auto`` runs processes, the cores split between them) and
-   `heron up --workers 1` (one worker with all the cores' threads, the default before
-   2026-11-29), all three up at once; with each 32-client step, the CPU a request of each
+   (the median of ``--rounds`` interleaved steps) and p50 at one client, of `heron serve`
+   and both layouts, all up at once; with each 32-client step, the CPU a request of each
    kind of process (user + system time over the step, divided by its requests:
    ``cpu_us_per_request``), so what a request costs the cores can be read process by
    process.
 2. ``messages``: NATS messages a request costs (nats-server's /varz in + out), with
-   coalescing and with ``--coalesce-max-items 0``, at 1 and 32 clients (null model).
-3. ``minilm`` (the default bundle, mixed 8-128-token texts): both servers up at once (the
-   idle one costs a heartbeat a second) and their steps interleaved (serve then cluster,
-   cluster then serve in the next round) at 32 and then at 64 clients, ``--rounds``
-   times; the JSON holds every step and the median ratio of each pair (steps seconds
-   apart, so the machine's drift cancels out), and each step's CPU a request by role,
-   with each role's event loops (main threads) apart as ``ROLE_event_loop``: what the
-   path around the model costs each side under the model's load.
+   coalescing and with ``--coalesce-max-items 0``, at 1 and 32 clients (null model,
+   default layout).
+3. ``minilm`` (the default bundle, mixed 8-128-token texts): `heron serve` and both
+   layouts up at once (an idle one costs a heartbeat a second) and their steps
+   interleaved (the order turning each round) at 32 and then at 64 clients, ``--rounds``
+   times; the JSON holds every step and each layout's median ratio to serve's step of
+   the same round (steps seconds apart, so the machine's drift cancels out), and each
+   step's CPU a request by role, with each role's event loops (main threads) apart as
+   ``ROLE_event_loop``: what the path around the model costs each side under the model's
+   load.
 
 wrk drives both (one thread). Prints one JSON document and writes DIR/coalesce_bench.json
 (DIR: bench/results/), and DIR/coalesce_bench.png when matplotlib is installed.
@@ -30,6 +35,7 @@ wrk drives both (one thread). Prints one JSON document and writes DIR/coalesce_b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -51,6 +57,19 @@ from bench.server import REPO, free_port, start_server
 from bench.texts import build_workload
 from heron.cli.main import serve_processes, threads_per_process
 from tests.support.nats_server import NatsServer
+
+
+def layouts(processes: int) -> dict[str, dict[str, int]]:
+    """`heron up`'s layouts compared, for ``processes`` (what `heron serve --workers auto`
+    runs): local_cluster's workers, torch threads and inference threads of each."""
+    return {"up": {"workers": 1, "threads": threads_per_process(processes),
+                   "inference_threads": processes},
+            "up_worker_per_cpu": {"workers": processes,
+                                  "threads": threads_per_process(processes),
+                                  "inference_threads": 1}}
+
+
+LAYOUT_LABELS = {"up": "heron up", "up_worker_per_cpu": "heron up\n(a worker per CPU)"}
 
 
 def log(message: str) -> None:
@@ -95,27 +114,26 @@ def brief(summary: dict[str, Any]) -> str:
 
 def null_part(work: Path, bodies: Path, workers: int, duration: float,
               rounds: int) -> dict[str, Any]:
-    """`heron serve`, `heron up` as it starts by default (``workers`` workers, as serve runs
-    processes) and `heron up --workers 1` (one worker, every core's threads),
-    all up at once; their 32-client steps interleaved ``rounds`` times (the order turning
-    each round: the second of a pair ran 10-15% slower on some days), then one 1-client
-    step each. Medians over the rounds."""
+    """`heron serve` and `heron up` in both ``layouts(workers)``, all up at once; their
+    32-client steps interleaved ``rounds`` times (the order turning each round: the
+    second of a pair ran 10-15% slower on some days), then one 1-client step each.
+    Medians over the rounds."""
     out: dict[str, Any] = {}
-    with start_server(work / "serve-null.log", bundle="null") as server, \
-            local_cluster("null", work / "up-null", workers,
-                          threads_per_process(workers)) as (gateway, _), \
-            local_cluster("null", work / "up-null-one-worker", 1,
-                          threads_per_process(1)) as (one_worker_gateway, _):
-        urls = {"serve": f"{server.url}/v1/encode/null-model",
-                "up": f"{gateway}/v1/encode/null-model",
-                "up_one_worker": f"{one_worker_gateway}/v1/encode/null-model"}
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(start_server(work / "serve-null.log", bundle="null"))
+        urls = {"serve": f"{server.url}/v1/encode/null-model"}
+        procs = {"serve": serve_procs(server.pid)}
+        for side, layout in layouts(workers).items():
+            gateway, _ = stack.enter_context(local_cluster("null", work / f"{side}-null",
+                                                           **layout))
+            urls[side] = f"{gateway}/v1/encode/null-model"
+            procs[side] = processes(work / f"{side}-null")
         for url in urls.values():
             step(url, bodies, 8, 2.0)  # warm-up
-        procs = {"serve": serve_procs(server.pid), "up": processes(work / "up-null"),
-                 "up_one_worker": processes(work / "up-null-one-worker")}
         steps: dict[str, list[dict[str, Any]]] = {side: [] for side in urls}
         for index in range(rounds):
-            order = list(urls)[index % 3:] + list(urls)[:index % 3]
+            turn = index % len(urls)
+            order = list(urls)[turn:] + list(urls)[:turn]
             for side in order:
                 steps[side].append(measured_step(urls[side], bodies, 32, duration,
                                                  procs[side]))
@@ -128,7 +146,7 @@ def null_part(work: Path, bodies: Path, workers: int, duration: float,
             out[side] = {"c1": step(url, bodies, 1, duration), "c32": c32}
             log(f"null, {side}: c1 {brief(out[side]['c1'])}; c32 median "
                 f"{c32['throughput_rps']}/s, CPU a request {c32['cpu_us_per_request']} µs")
-    for side in ("up", "up_one_worker"):
+    for side in layouts(workers):
         out[f"{side}_to_serve_c32"] = round(out[side]["c32"]["throughput_rps"]
                                             / out["serve"]["c32"]["throughput_rps"], 3)
     return out
@@ -147,9 +165,8 @@ def messages_part(work: Path, bodies: Path, workers: int, duration: float) -> di
         nats = NatsServer(work / f"nats-{label}", monitor_port=free_port()).start()
         monitor = f"http://127.0.0.1:{nats.monitor_port}"
         try:
-            with local_cluster("null", work / f"msgs-{label}", workers,
-                               threads_per_process(workers), extra_args=("--nats", nats.url),
-                               extra_env=env) as (gateway, _):
+            with local_cluster("null", work / f"msgs-{label}", **layouts(workers)["up"],
+                               extra_args=("--nats", nats.url), extra_env=env) as (gateway, _):
                 url = f"{gateway}/v1/encode/null-model"
                 step(url, bodies, 8, 2.0)
                 row: dict[str, Any] = {}
@@ -170,38 +187,47 @@ def messages_part(work: Path, bodies: Path, workers: int, duration: float) -> di
 def minilm_part(work: Path, bodies: Path, workers: int, duration: float,
                 rounds: int) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
-    with start_server(work / "serve-minilm.log") as server, \
-            local_cluster("default", work / "up-minilm", workers,
-                          threads_per_process(workers)) as (gateway, _):
-        urls = {"serve": f"{server.url}/v1/encode/minilm",
-                "up": f"{gateway}/v1/encode/minilm"}
+    sides = ["serve", *layouts(workers)]
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(start_server(work / "serve-minilm.log"))
+        urls = {"serve": f"{server.url}/v1/encode/minilm"}
+        procs = {"serve": serve_procs(server.pid)}
+        for side, layout in layouts(workers).items():
+            gateway, _ = stack.enter_context(local_cluster("default", work / f"{side}-minilm",
+                                                           **layout))
+            urls[side] = f"{gateway}/v1/encode/minilm"
+            procs[side] = processes(work / f"{side}-minilm")
         for url in urls.values():
             step(url, bodies, 16, 3.0)  # warm-up
-        procs = {"serve": serve_procs(server.pid), "up": processes(work / "up-minilm")}
         for index in range(rounds):
             for c in (32, 64):
                 row: dict[str, Any] = {"round": index, "connections": c}
-                sides = list(urls) if index % 2 == 0 else list(reversed(urls))
-                for side in sides:  # the order turns each round: drift favours neither
+                turn = index % len(sides)
+                for side in sides[turn:] + sides[:turn]:  # drift favours none of them
                     row[side] = measured_step(urls[side], bodies, c, duration, procs[side],
                                               loop_cpu_s)
-                row["ratio"] = round(row["up"]["throughput_rps"]
-                                     / row["serve"]["throughput_rps"], 3)
-                row["p99_ratio"] = round(row["up"]["latency_ms"]["p99"]
-                                         / row["serve"]["latency_ms"]["p99"], 3)
-                log(f"minilm c={c}: serve {brief(row['serve'])}; up {brief(row['up'])}; "
-                    f"ratio {row['ratio']}")
+                for side in sides[1:]:
+                    row[f"{side}_ratio"] = round(row[side]["throughput_rps"]
+                                                 / row["serve"]["throughput_rps"], 3)
+                    row[f"{side}_p99_ratio"] = round(row[side]["latency_ms"]["p99"]
+                                                     / row["serve"]["latency_ms"]["p99"], 3)
+                log(f"minilm c={c}: " + "; ".join(
+                    f"{side} {brief(row[side])}"
+                    + (f" ({row[f'{side}_ratio']})" if side != "serve" else "")
+                    for side in sides))
                 steps.append(row)
-    summary = {}
+    summary: dict[str, Any] = {}
     for c in (32, 64):
         rows = [r for r in steps if r["connections"] == c]
-        summary[f"c{c}"] = {
-            "median_ratio": statistics.median(r["ratio"] for r in rows),
-            "median_p99_ratio": statistics.median(r["p99_ratio"] for r in rows),
-            "serve_rps": statistics.median(r["serve"]["throughput_rps"] for r in rows),
-            "up_rps": statistics.median(r["up"]["throughput_rps"] for r in rows),
-            "cpu_us_per_request": {side: median_cpu([r[side] for r in rows])
-                                   for side in ("serve", "up")}}
+        summary[f"c{c}"] = {"serve_rps": statistics.median(
+            r["serve"]["throughput_rps"] for r in rows)}
+        for side in sides[1:]:
+            summary[f"c{c}"][side] = {
+                "median_ratio": statistics.median(r[f"{side}_ratio"] for r in rows),
+                "median_p99_ratio": statistics.median(r[f"{side}_p99_ratio"] for r in rows),
+                "rps": statistics.median(r[side]["throughput_rps"] for r in rows)}
+        summary[f"c{c}"]["cpu_us_per_request"] = {side: median_cpu([r[side] for r in rows])
+                                                  for side in sides}
     return {"steps": steps, "summary": summary}
 
 
@@ -218,17 +244,17 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     panels: list[tuple[str, list[tuple[str, float]]]] = []
     if "null" in result:
         null = result["null"]
-        bars = [("heron serve", null["serve"]["c32"]["throughput_rps"]),
-                ("heron up", null["up"]["c32"]["throughput_rps"])]
-        if "up_one_worker" in null:
-            bars.append(("heron up\n(one worker)",
-                         null["up_one_worker"]["c32"]["throughput_rps"]))
-        panels.append(("null model\n32 clients", bars))
+        panels.append(("null model\n32 clients", [
+            ("heron serve", null["serve"]["c32"]["throughput_rps"]),
+            *((label, null[side]["c32"]["throughput_rps"])
+              for side, label in LAYOUT_LABELS.items() if side in null)]))
     for c in (32, 64):
         row = result.get("minilm", {}).get("summary", {}).get(f"c{c}")
         if row:
-            panels.append((f"MiniLM\n{c} clients",
-                           [("heron serve", row["serve_rps"]), ("heron up", row["up_rps"])]))
+            panels.append((f"MiniLM\n{c} clients", [
+                ("heron serve", row["serve_rps"]),
+                *((label, row[side]["rps"]) for side, label in LAYOUT_LABELS.items()
+                  if side in row)]))
     if not panels:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.8),

@@ -2,11 +2,13 @@
 same minutes: what a change did, in numbers a slower or faster day cannot move.
 
     python -m bench.revision_ab --rev cd6a2ac [--rounds N] [--duration S] [--workers N]
-                                [--bundle null|default] [--out DIR]
+                                [--inference-threads N] [--bundle null|default] [--out DIR]
 
 Both trees' `heron up` (bundle null: real tokenization, no model compute, or ``--bundle
-default``: MiniLM; one worker with each tree's default threads, or ``--workers N`` of a
-thread share each, as ``heron up --workers auto`` splits the cores) are up at once. Each
+default``: MiniLM; one worker with each tree's default threads, or ``--workers N`` and
+``--inference-threads N`` with the cores split between their passes, as ``heron up
+--workers auto`` splits them; a tree from before ``--inference-threads`` runs one pass at
+a time with that share) are up at once. Each
 round runs wrk at 32 connections (one text a request) against each, then 400 requests from
 one client, alternating which tree goes first, since the step that runs second in a round
 comes out slower. Each step records requests/s (or the one client's p50), its p50/p99, and
@@ -178,7 +180,7 @@ def one_client_p50(port: int, body: bytes, model: str) -> float:
 
 
 def run(rev: str, rounds: int, duration_s: float, out: Path, workers: int = 1,
-        bundle: str = "null") -> dict[str, Any]:
+        bundle: str = "null", inference_threads: int = 1) -> dict[str, Any]:
     model = BUNDLE_MODELS[bundle]
     work = Path(tempfile.mkdtemp(prefix="heron-revision-ab-"))
     other = work / "tree"
@@ -187,16 +189,17 @@ def run(rev: str, rounds: int, duration_s: float, out: Path, workers: int = 1,
     texts = build_workload(1000).texts
     result: dict[str, Any] = {
         "benchmark": "revision_ab", "rev": rev, "commit": commit, "cpu_count": os.cpu_count(),
-        "duration_s": duration_s, "workers": workers,
+        "duration_s": duration_s, "workers": workers, "inference_threads": inference_threads,
         "bundle": bundle, "workload": f"{model}, one text a request, 8-128 tokens",
         "steps": []}
     with contextlib.ExitStack() as stack:
         ports, procs, bodies = {}, {}, {}
         for name, tree in trees.items():
             log(f"starting heron up of {name} ({tree})")
+            passes = workers * inference_threads
             gateway, _ = stack.enter_context(local_cluster(
-                bundle, work / name, workers, threads_per_process(workers) if workers > 1 else 0,
-                tree=tree))
+                bundle, work / name, workers, threads_per_process(passes) if passes > 1 else 0,
+                tree=tree, inference_threads=inference_threads))
             ports[name] = int(gateway.rsplit(":", 1)[1])
             procs[name] = processes(work / name)
             takes_cache = takes_cache_field(ports[name], model)
@@ -270,12 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--bundle", choices=sorted(BUNDLE_MODELS), default="null")
     parser.add_argument("--workers", type=int, default=1,
-                        help="each cluster's workers (heron up's default here: 2)")
+                        help="each cluster's workers (heron up's default: 1)")
+    parser.add_argument("--inference-threads", type=int, default=1,
+                        help="each worker's forward passes at once (heron up's default here: "
+                             "one per usable CPU, up to 4)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    print(json.dumps(run(args.rev, args.rounds, args.duration, args.out,
-                                    args.workers, args.bundle)["summary"],
-                     indent=2))
+    result = run(args.rev, args.rounds, args.duration, args.out, args.workers, args.bundle,
+                 args.inference_threads)
+    print(json.dumps(result["summary"], indent=2))
     return 0
 
 

@@ -72,6 +72,7 @@ class LocalBackend:
                  extra_models: list[ModelConfig] | None = None,
                  queue: QueueMode | None = None,
                  inference_cpus: frozenset[int] | None = None,
+                 inference_threads: int = 1,
                  settings: WorkerSettings | None = None) -> None:
         adopt_library_logs()  # transformers is imported by now: JSON logs stay JSON
         self.metrics = WorkerMetrics()
@@ -90,6 +91,7 @@ class LocalBackend:
                                       on_evict=self.metrics.observe_eviction,
                                       on_load=self.metrics.observe_load,
                                       inference_cpus=inference_cpus,
+                                      inference_threads=inference_threads,
                                       results=results)
         self.service = InferenceService(self.registry, on_phases=self.metrics.observe_phases)
         self.tokens = TokenService(self.registry)
@@ -248,7 +250,8 @@ class LocalBackend:
 def create_app(bundle: Bundle, *, device: str | None = None, precision: str | None = None,
                extra_models: list[ModelConfig] | None = None,
                queue: QueueMode | None = None,
-               inference_cpus: frozenset[int] | None = None,
+               inference_cpus: frozenset[int] | None = None, inference_threads: int = 1,
                settings: WorkerSettings | None = None) -> Starlette:
     return LocalBackend(bundle, device=device, precision=precision, extra_models=extra_models,
-                        queue=queue, inference_cpus=inference_cpus, settings=settings).build()
+                        queue=queue, inference_cpus=inference_cpus,
+                        inference_threads=inference_threads, settings=settings).build()

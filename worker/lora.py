@@ -23,7 +23,8 @@ docs/benchmarks.md); a saved module runs once more, on its adapter's rows.
 
 Life cycle: a request ``use``s an adapter for as long as its items are queued or computed,
 so an adapter in use is never unloaded. Files are read on a thread (torch-free); tensors
-are made and wrappers installed on the model's inference thread, between forward passes.
+are made and wrappers installed on an inference thread while no forward pass of the model
+runs (worker/pass_gate.py: with ``--inference-threads N`` several may run at once).
 The bytes count in the registry's memory accounting (``resident_bytes``), and the registry
 may evict other idle models to make room (``make_room``).
 """
@@ -34,6 +35,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -48,6 +50,7 @@ from heron.runtime.modelconfig import ModelConfig, WeightSource, lora_source
 from heron.worker.adapters import Adapter
 from heron.worker.lora_files import LoraFile, LoraFileError, read_lora, resolve_lora
 from heron.worker.memory import InsufficientMemory
+from heron.worker.pass_gate import PassGate
 from heron_sdk.errors import ErrorCode, HeronError
 
 log = logging.getLogger("heron.worker.lora")
@@ -202,7 +205,8 @@ def _by_row(value: Any, rows: int) -> bool:
 class LoraSet:
     """The LoRA adapters of one loaded model."""
 
-    def __init__(self, adapter: Adapter, infer_pool: Executor) -> None:
+    def __init__(self, adapter: Adapter, infer_pool: Executor,
+                 gate: PassGate | None = None) -> None:
         self._adapter = adapter
         # The model's config as it is now: the registry points this at its entry, whose
         # config the config service's deltas replace (adapters added: usable at once).
@@ -213,13 +217,22 @@ class LoraSet:
         self._loading: dict[str, asyncio.Task[LoraWeights]] = {}
         self._wrapped: dict[str, LoraLinear] = {}
         self._swapped: dict[str, LoraSwap] = {}
-        self.active: ActiveLoras | None = None  # set on the inference thread per batch
+        # Each batch's adapters, set by the inference thread that runs it: a thread's own,
+        # since several may run passes of this model at once (--inference-threads).
+        self._batch = threading.local()
+        # Wrapping a layer changes the model: never while another thread runs a pass.
+        self._gate = gate or PassGate()
         # Set by the registry: evict other idle models until this many more bytes fit.
         self.make_room: Callable[[int], Awaitable[None]] | None = None
 
     @property
     def config(self) -> ModelConfig:
         return self.config_of()
+
+    @property
+    def active(self) -> ActiveLoras | None:
+        """The adapters of the batch this thread is computing (None: the base model)."""
+        return getattr(self._batch, "active", None)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -388,8 +401,15 @@ class LoraSet:
     def _install(self, name: str, source: WeightSource, data: LoraFile,
                  paths: dict[str, str], saved_paths: dict[str, str],
                  started: float) -> LoraWeights:
-        """On the inference thread: tensors on the model's device and dtype, and a wrapper
-        around each adapted layer, and each module saved whole, that has none yet."""
+        """On an inference thread, while no pass runs (the gate): tensors on the model's
+        device and dtype, and a wrapper around each adapted layer, and each module saved
+        whole, that has none yet."""
+        with self._gate.change():
+            return self._install_now(name, source, data, paths, saved_paths, started)
+
+    def _install_now(self, name: str, source: WeightSource, data: LoraFile,
+                     paths: dict[str, str], saved_paths: dict[str, str],
+                     started: float) -> LoraWeights:
         modules = {}
         nbytes = 0
         saved = {}
@@ -465,11 +485,11 @@ class LoraSet:
         if not groups:
             yield
             return
-        active = self.active = ActiveLoras(groups)
+        active = self._batch.active = ActiveLoras(groups)
         try:
             yield
         finally:
-            self.active = None
+            self._batch.active = None
         if active.mismatch:
             raise _Unmixable
 

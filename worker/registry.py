@@ -160,6 +160,7 @@ class ModelRegistry:
                  on_evict: Callable[[str, str], None] | None = None,
                  on_load: Callable[[str, str, float], None] | None = None,
                  inference_cpus: frozenset[int] | None = None,
+                 inference_threads: int = 1,
                  results: ResultCache | None = None) -> None:
         self.bundle = bundle
         self.results = results if results is not None else ResultCache(0)  # all models share it
@@ -184,13 +185,17 @@ class ModelRegistry:
         # One load at a time: transformers' from_pretrained patches torch globally while it
         # builds a model (meta-device init), so concurrent loads in threads corrupt each other.
         self._load_lock = asyncio.Lock()
-        # All CPU forward passes run on ONE thread. Every OS thread that runs torch ops gets
-        # its own OpenMP team, whose workers spin between regions: two live teams on a small
+        # CPU forward passes run on ``inference_threads`` threads (1 by default), shared by
+        # every CPU model. Every OS thread that runs torch ops gets its own OpenMP team,
+        # whose workers spin between regions: two live teams of several threads on a small
         # CPU halve throughput (measured: MiniLM single-item forward 6.9 ms -> 14.4 ms once
-        # a second thread had run one forward pass). Loads run on a fresh thread that exits.
-        # inference_cpus (worker.cpus): the thread pins itself, and its OpenMP team inherits.
+        # a second thread had run one forward pass). So several inference threads are for
+        # one torch thread each (heron up's default: one per usable CPU), where a team is
+        # just the thread itself. Loads run on a fresh thread that exits.
+        # inference_cpus (worker.cpus): the threads pin themselves; their teams inherit.
+        self.inference_threads = max(1, inference_threads)
         self._cpu_infer_pool = ThreadPoolExecutor(
-            1, thread_name_prefix="infer-cpu",
+            self.inference_threads, thread_name_prefix="infer-cpu",
             initializer=None if inference_cpus is None else pin_this_thread,
             initargs=() if inference_cpus is None else (inference_cpus,))
         # Set in queue mode (WorkerCluster): False while the worker may fetch no more work.
@@ -372,9 +377,10 @@ class ModelRegistry:
             if self._on_batch is not None:
                 self._on_batch(model_id, stats)
 
-        # On CUDA each model gets its own inference thread; on CPU they share one.
+        # On CUDA each model gets its own inference thread; on CPU they share the pool.
         runner = ModelRunner(adapter, tokenize_pool=self._tokenize_pool,
                              infer_pool=self._cpu_infer_pool if device.type == "cpu" else None,
+                             passes=self.inference_threads,
                              autocast_dtype=autocast_dtype, on_batch=on_batch,
                              arrivals_open=self._arrivals_open, results=self.results)
         # LoRA adapters: the entry's config as deltas update it, and a load evicts other

@@ -1,8 +1,11 @@
-"""ModelRunner: one loaded model, its batcher, and the one thread that runs its forward.
+"""ModelRunner: one loaded model, its batcher, and the inference thread(s) that run its
+forward passes.
 
 Data path of an item: ``tokenize`` (shared thread pool) -> ``TokenBudgetBatcher`` ->
-``_serve`` loop (one task) -> ``Adapter.collate/forward/postprocess`` on the model's own
-inference thread -> the caller's future. The event loop never blocks on the model.
+``_serve`` loop (one task) -> ``Adapter.collate/forward/postprocess`` on an inference
+thread -> the caller's future. The event loop never blocks on the model. On CPU, with
+``--inference-threads N`` (``passes``), up to N batches of the model compute at once, each
+on its own thread; the next batch forms when one of them is free.
 
 Before the batcher, ``infer`` answers items from the worker's result cache and lets
 identical items share one computation (worker/result_cache.py): an item whose key is
@@ -33,6 +36,7 @@ from heron.worker.batcher import TokenBudgetBatcher, WorkItem
 from heron.worker.images import ImageInput
 from heron.worker.lora import LoraSet
 from heron.worker.memory import HeapTrimmer
+from heron.worker.pass_gate import PassGate
 from heron.worker.result_cache import Key, ResultCache, item_digest
 from heron.worker.shared_results import SharedIdentity, SharedResults, shared_key
 from heron_sdk.errors import ErrorCode, HeronError
@@ -76,7 +80,7 @@ class BatchStats:
 
 class ModelRunner:
     def __init__(self, adapter: Adapter, *, tokenize_pool: ThreadPoolExecutor,
-                 infer_pool: ThreadPoolExecutor | None = None,
+                 infer_pool: ThreadPoolExecutor | None = None, passes: int = 1,
                  autocast_dtype: torch.dtype | None = None,
                  on_batch: Callable[[BatchStats], None] | None = None,
                  arrivals_open: Callable[[], bool] | None = None,
@@ -88,18 +92,23 @@ class ModelRunner:
             max_wait_s=profile.max_wait_ms / 1000.0, max_queue_items=profile.max_queue_items,
             packed=adapter.packed, arrivals_open=arrivals_open)
         self._tokenize_pool = tokenize_pool
-        # Must be a single thread: see ModelRegistry for why CPU models share one.
+        # ``infer_pool``: the CPU models' shared inference threads (ModelRegistry says why
+        # they are few), ``passes`` of them; else (CUDA) a thread of the model's own.
         self._own_pool = infer_pool is None
         self._infer_pool = infer_pool or ThreadPoolExecutor(
             1, thread_name_prefix=f"infer-{adapter.name}")
+        self.passes = 1 if infer_pool is None else max(1, passes)
         self._autocast_dtype = autocast_dtype
         self._on_batch = on_batch
-        # The model's LoRA adapters; they change the model only on the inference thread.
-        self.loras = LoraSet(adapter, self._infer_pool)
+        # Passes share the model; a LoRA adapter's install changes it, alone (the gate).
+        self._gate = PassGate()
+        self.loras = LoraSet(adapter, self._infer_pool, self._gate)
         self._trimmer = HeapTrimmer()
         self._task: asyncio.Task | None = None
+        self._finishing: set[asyncio.Task[None]] = set()  # passes > 1: their deliveries
         self.in_flight = 0
-        self.in_forward = 0  # items of the batch on the inference thread now
+        self.in_forward = 0  # items of the batches on the inference threads now
+        self.passes_running = 0
         # The worker's result cache (None or disabled: every item is computed). Extract is
         # not cached: its items carry labels and character offsets beyond their tokens.
         self.results = results if results is not None and results.enabled and \
@@ -122,6 +131,10 @@ class ModelRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for task in list(self._finishing):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         self.invalidate_results()  # unloaded: its outputs are no use to anyone
         if self._own_pool:
             self._infer_pool.shutdown(wait=False, cancel_futures=True)
@@ -334,17 +347,37 @@ class ModelRunner:
     async def _serve(self) -> None:
         """Form a batch from everything queued while the previous one ran, run it, deliver.
         (Forming the next batch early, while one runs, was measured: smaller batches, 10%
-        fewer items/s at 32 clients. Waiting for the model to be free batches better.)"""
+        fewer items/s at 32 clients. Waiting for the model to be free batches better.)
+        With ``passes`` > 1, "free" is one of the model's threads: a batch forms as soon as
+        one is, and its delivery runs on a task of its own while the next batch forms."""
         loop = asyncio.get_running_loop()
+        free = asyncio.Semaphore(self.passes)
         while True:
-            batch = await self.batcher.next_batch()
-            self.in_forward = len(batch)
+            await free.acquire()
+            try:
+                batch = await self.batcher.next_batch()
+            except BaseException:
+                free.release()
+                raise
+            self.in_forward += len(batch)
+            self.passes_running += 1
             future = loop.run_in_executor(self._infer_pool, self._run_batch,
                                           [w.payload for w in batch], [w.lora for w in batch])
-            try:
-                await self._deliver(batch, future)
-            finally:
-                self.in_forward = 0
+            if self.passes == 1:  # no task a pass where passes cannot overlap
+                await self._finish(batch, future, free)
+                continue
+            task = loop.create_task(self._finish(batch, future, free))
+            self._finishing.add(task)
+            task.add_done_callback(self._finishing.discard)
+
+    async def _finish(self, batch: list[WorkItem], future: asyncio.Future,
+                      free: asyncio.Semaphore) -> None:
+        try:
+            await self._deliver(batch, future)
+        finally:
+            self.in_forward -= len(batch)
+            self.passes_running -= 1
+            free.release()
 
     async def _deliver(self, batch: list[WorkItem], future: asyncio.Future) -> None:
         try:
@@ -373,7 +406,7 @@ class ModelRunner:
         so that time spent queued behind the previous batch counts as queue time.
         ``loras``: each item's LoRA adapter (None: the base model)."""
         started = time.monotonic()
-        with torch.inference_mode():
+        with self._gate.forward_pass(), torch.inference_mode():
             # One pass, unless the items' LoRA adapters cannot share one (worker/lora.py).
             values = self.loras.run(items, loras, self._compute)
         ended = time.monotonic()

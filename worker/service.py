@@ -116,6 +116,12 @@ class InferenceService:
         """Items in a forward pass right now, over all models."""
         return sum(e.runner.in_forward for e in self.registry.entries() if e.runner)
 
+    def passes_busy(self) -> bool:
+        """Whether no forward pass could start now: as many run as the worker has CPU
+        inference threads (one, unless ``--inference-threads``; on CUDA: any pass)."""
+        running = sum(e.runner.passes_running for e in self.registry.entries() if e.runner)
+        return running >= self.registry.inference_threads
+
     # ---- the shared path: tokenize, check, batch, infer --------------------------------
     async def _run(self, runner: ModelRunner, inputs: list[TextInput], options: RequestOptions,
                    timings: Timings, *, queries: int = 0, prompts: tuple[str, str] = ("", ""),

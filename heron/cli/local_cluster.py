@@ -118,10 +118,14 @@ class LocalCluster:
         return ChildSpec(node.name, argv, node.port, env=self.nats_env())
 
     def worker_env(self) -> dict[str, str]:
-        """A worker's environment: its share of the cores (UpOptions.worker_threads)."""
-        if not self.o.worker_threads:
-            return self.env
-        return {**self.env, "HERON_THREADS": str(self.o.worker_threads)}
+        """A worker's environment: its share of the cores (UpOptions.worker_threads) and
+        the forward passes it runs at once (UpOptions.worker_inference_threads)."""
+        env = dict(self.env)
+        if self.o.worker_threads:
+            env["HERON_THREADS"] = str(self.o.worker_threads)
+        if self.o.worker_inference_threads:
+            env["HERON_INFERENCE_THREADS"] = str(self.o.worker_inference_threads)
+        return env
 
     def nats_env(self) -> dict[str, str]:
         """The nats-servers' environment: GOMAXPROCS set (CPUS_PER_NATS_THREAD) unless the

@@ -75,14 +75,26 @@ def _build_worker_app(args: argparse.Namespace, queue: QueueMode | None) -> obje
     from heron.worker.app import create_app
 
     setup_tracing("heron-worker")  # HERON_TRACING; in every `serve --workers N` process
+    passes = inference_threads(args.inference_threads)
     if args.threads:
         torch.set_num_threads(args.threads)
+    elif passes > 1:  # the usable CPUs split between the passes, not a team each of all
+        torch.set_num_threads(threads_per_process(passes))
     bundle = _select_models(load_bundle(args.bundle), args.models)
-    placement = _cpu_placement(args.inference_cpus, torch.get_num_threads())
+    placement = _cpu_placement(args.inference_cpus, torch.get_num_threads() * passes)
     return create_app(bundle, device=None if args.device == "auto" else args.device,
                       precision=None if args.precision == "profile" else args.precision,
                       queue=queue,
-                      inference_cpus=placement.inference if placement else None)
+                      inference_cpus=placement.inference if placement else None,
+                      inference_threads=passes)
+
+
+def inference_threads(value: object) -> int:
+    """``--inference-threads``: a number >= 1 (ConfigError otherwise)."""
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError("--inference-threads", str(value), "expected a number >= 1")
+    return int(text)
 
 
 def _cpu_placement(setting: str, threads: int) -> CpuPlacement | None:
@@ -139,7 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    args.threads = args.threads or threads_per_process(processes)
+    args.threads = args.threads or threads_per_process(
+        processes * inference_threads(args.inference_threads))
     log = logging.getLogger("heron.serve")
     from heron.worker.cpus import placement_requested
 
@@ -171,13 +184,14 @@ def _check_start_config(args: argparse.Namespace, *, bundle: bool = True) -> Non
     once (in the parent of ``serve --workers N``), before the model stack is imported
     (ConfigError: exit 2 with one line): the bundle and ``--models`` (``bundle``: not for a
     worker whose bundle comes from the config service), ``--inference-cpus``,
-    ``HERON_TRACING``."""
+    ``--inference-threads``, ``HERON_TRACING``."""
     from heron.runtime.telemetry import tracing_mode
     from heron.worker.cpus import AUTO, format_cpu_list, parse_cpu_list, placement_requested
 
     if bundle:
         _select_models(load_bundle(args.bundle), args.models)
     tracing_mode()
+    inference_threads(args.inference_threads)
     setting = args.inference_cpus.strip().lower()
     if not placement_requested(setting) or setting == AUTO:
         return  # auto picks from the usable CPUs: nothing to refuse
@@ -324,8 +338,14 @@ def _add_worker_args(parser: argparse.ArgumentParser, default_port: int) -> None
                              "bf16, else fp32)")
     parser.add_argument("--threads", type=int,
                         default=int(os.environ.get("HERON_THREADS", "0")),
-                        help="torch intra-op threads (0: torch's default, one per core; with "
-                             "several serve --workers, the usable CPUs split between them)")
+                        help="torch intra-op threads a forward pass (0: torch's default, one "
+                             "per core; with several serve --workers or --inference-threads, "
+                             "the usable CPUs split between the passes)")
+    parser.add_argument("--inference-threads",
+                        default=os.environ.get("HERON_INFERENCE_THREADS", "1"),
+                        help="CPU forward passes that may run at once, each on its own thread "
+                             "with --threads torch threads (default 1; heron up runs one "
+                             "worker with one single-thread pass per usable CPU)")
     parser.add_argument("--inference-cpus",
                         default=os.environ.get("HERON_INFERENCE_CPUS", "off"),
                         help="CPUs for the inference thread, the rest of the worker on the "

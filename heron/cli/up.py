@@ -89,6 +89,8 @@ class UpOptions:
     min_workers: int = 1
     max_workers: int = 4
     worker_threads: int = 0  # each worker's torch threads (HERON_THREADS); 0: torch's default
+    # each worker's CPU forward passes at once (HERON_INFERENCE_THREADS); 0: its own setting
+    worker_inference_threads: int = 0
     idle_cooldown_s: float = 60.0
     config_port: int = 0  # 0: a free port
     log_level: str = "warning"
@@ -160,9 +162,9 @@ def add_up_parser(sub: argparse._SubParsersAction, func: object) -> None:
     up.add_argument("--bundle", default=os.environ.get("HERON_BUNDLE", "default"))
     up.add_argument("--pool", default=None, help="pool name (default: the bundle's name)")
     up.add_argument("--workers", default=os.environ.get("HERON_WORKERS", "auto"),
-                    help="workers to start with: a number, or auto (as many as heron serve "
-                         "runs processes: one per usable CPU up to 4, each with its share "
-                         "of the cores, on CPU; 1 with an NVIDIA GPU)")
+                    help="workers to start with: a number (each with its share of the "
+                         "cores), or auto (one worker; on CPU it runs a single-thread "
+                         "forward pass per usable CPU, up to 4, at once)")
     up.add_argument("--min-workers", type=int, default=None,
                     help="never scale below this (default: --workers); 0 allows scale to "
                          "zero, with a worker started on the first request")
@@ -177,33 +179,54 @@ def add_up_parser(sub: argparse._SubParsersAction, func: object) -> None:
     up.set_defaults(func=func)
 
 
-def workers_to_start(workers: str) -> int:
-    """``--workers``: a number (0: none until the first request), or auto: as many as
-    `heron serve --workers auto` runs processes. On 2 cores, two single-thread workers made
-    92% / 104% of `heron serve`'s MiniLM requests/s at 32 / 64 clients, one worker with
-    both threads 76% / 84% (4 interleaved rounds, 2026-11-29): one worker's event loop and
-    its model's OpenMP team compete for the same cores."""
-    from heron.cli.main import serve_processes
+def _device() -> str:
+    """The workers' device, as ``HERON_DEVICE`` or the machine says."""
+    device = os.environ.get("HERON_DEVICE", "auto")
+    if device == "auto":  # not torch.cuda.is_available(): torch would cost heron up 3 s
+        device = "cuda" if Path(NVIDIA_DEVICE).exists() else "cpu"  # and 300 MB for good
+    return device
 
+
+def workers_to_start(workers: str) -> int:
+    """``--workers``: a number (0: none until the first request), or auto: one worker. On
+    CPU it runs as many forward passes at once as `heron serve --workers auto` runs
+    processes (``worker_inference_threads``); on CUDA, serve runs one process too.
+
+    Why one worker on CPU: one event loop wakes less than two for the same requests, gets
+    bigger shared work items from the gateway, and holds one copy of the models. On 2
+    cores, against two single-thread workers (the default before, 2026-11-30, interleaved
+    rounds): the null model 1.25-1.5 times the requests/s, MiniLM 0.86 against 0.83 of
+    `heron serve`'s at 32 clients and 0.86 against 0.87 at 64. One worker with one pass of
+    two torch threads lost MiniLM's share (76% against 92%, 2026-11-29): its event loop and
+    the model's OpenMP team compete for the same cores."""
     if workers.isdigit():
         return int(workers)
     if workers != "auto":
         raise SystemExit(f"heron up: --workers {workers!r}: a number >= 0, or auto")
-    device = os.environ.get("HERON_DEVICE", "auto")
-    if device == "auto":  # not torch.cuda.is_available(): torch would cost heron up 3 s
-        device = "cuda" if Path(NVIDIA_DEVICE).exists() else "cpu"  # and 300 MB for good
-    return serve_processes("auto", device)
+    return 1
 
 
-def worker_threads(workers: int) -> int:
+def worker_inference_threads(workers: str) -> int:
+    """Each worker's ``--inference-threads``: with ``--workers auto`` on CPU, one per usable
+    CPU up to 4 (as `heron serve --workers auto` runs processes), unless
+    ``HERON_INFERENCE_THREADS`` is set; else 0 (the worker's own setting, 1 by default)."""
+    from heron.cli.main import serve_processes
+
+    if workers != "auto" or os.environ.get("HERON_INFERENCE_THREADS") or _device() != "cpu":
+        return 0
+    return serve_processes("auto", "cpu")
+
+
+def worker_threads(workers: int, inference_threads: int = 0) -> int:
     """Each worker's torch threads: ``HERON_THREADS`` where set, else the usable CPUs split
-    between the workers started (as `heron serve` splits them between its processes): with
-    torch's default of a thread per core, two workers would run four threads on 2 cores."""
+    between the forward passes that may run at once (each worker's ``inference_threads``,
+    1 when 0), as `heron serve` splits them between its processes: with torch's default of
+    a thread per core, two passes would run four threads on 2 cores."""
     from heron.cli.main import threads_per_process
 
     if int(os.environ.get("HERON_THREADS", "0") or 0):
         return 0  # the workers read it from the environment themselves
-    return threads_per_process(max(1, workers))
+    return threads_per_process(max(1, workers) * max(1, inference_threads))
 
 
 def bundle_argument(value: str, data_dir: Path) -> tuple[str, Path | None]:
@@ -245,12 +268,20 @@ def run_up(args: argparse.Namespace) -> int:
     if bundles_dir is not None:  # the children inherit it
         os.environ["HERON_BUNDLES_DIR"] = str(bundles_dir)
     workers = workers_to_start(args.workers)
+    passes = worker_inference_threads(args.workers)
+    own = os.environ.get("HERON_INFERENCE_THREADS")
+    if own is not None:  # refused here, not by every worker heron up starts
+        from heron.cli.main import inference_threads
+
+        passes_each = inference_threads(own)
+    else:
+        passes_each = passes or 1
     options = UpOptions(
         host=args.host, port=args.port, nats_port=args.nats_port, nats_nodes=args.nats_nodes,
         nats=args.nats, data_dir=Path(args.data_dir), bundle=bundle,
         pool=args.pool or bundle, workers=workers,
         min_workers=workers if args.min_workers is None else args.min_workers,
-        worker_threads=worker_threads(workers),
+        worker_threads=worker_threads(workers, passes_each), worker_inference_threads=passes,
         max_workers=args.max_workers, idle_cooldown_s=args.idle_cooldown,
         log_level=args.child_log_level, config_port=args.config_port or free_port(),
         start_timeout_s=args.start_timeout)

@@ -1,13 +1,16 @@
 """The fault suite's shared pool: one nats-server of its own, one gateway and one MiniLM
-worker, started once for the package (a worker takes about 8 s to load on the CI machine);
-each test adds the processes it breaks. The NATS restart test restarts this server."""
+worker (laid out as `heron up` lays out its default worker), started once for the package
+(a worker takes about 8 s to load on the CI machine); each test adds the processes it
+breaks. The NATS restart test restarts this server."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
+from heron.cli import up
 from tests.faults.harness import Rig, start_rig, wait_healthy
 from tests.support.nats_server import NatsServer
 
@@ -21,7 +24,14 @@ def nats_of_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
 
 @pytest.fixture(scope="package")
 def rig(nats_of_rig: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    started = start_rig(nats_of_rig.url, tmp_path_factory.mktemp("faults-logs"))
+    # Workers as `heron up --workers auto` runs them on CPU: one worker computing a
+    # single-thread forward pass per usable CPU at once.
+    passes = up.worker_inference_threads("auto") or int(
+        os.environ.get("HERON_INFERENCE_THREADS", "1"))
+    threads = up.worker_threads(1, passes)  # 0: HERON_THREADS is set, and inherited
+    layout = {"HERON_INFERENCE_THREADS": str(passes),
+              **({"HERON_THREADS": str(threads)} if threads else {})}
+    started = start_rig(nats_of_rig.url, tmp_path_factory.mktemp("faults-logs"), env=layout)
     yield started
     started.stop()
 

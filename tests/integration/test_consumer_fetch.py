@@ -50,6 +50,9 @@ class HeldService:
     def items_in_forward(self) -> int:
         return 0
 
+    def passes_busy(self) -> bool:
+        return bool(self.items_in_forward())
+
     async def encode(self, model: str, request: Any) -> Outcome:
         self.calls.append(request.items[0].text)
         await self.released.wait()

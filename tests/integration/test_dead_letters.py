@@ -33,6 +33,9 @@ class ForeverLoading:
     def items_in_forward(self) -> int:
         return 0
 
+    def passes_busy(self) -> bool:
+        return False
+
     async def encode(self, model: str, request: object) -> None:
         self.calls += 1
         raise HeronError(ErrorCode.MODEL_LOADING, f"model {model} is loading",

@@ -134,22 +134,26 @@ def test_scale_from_zero_then_idle_scale_down(tmp_path: Path, http: httpx.Client
 
 def test_up_serves_and_stops_without_orphans(tmp_path: Path) -> None:
     # As a user starts it: no --workers, no HERON_WORKERS (the suite sets it to 1), so
-    # --workers auto: as many single-thread workers as heron serve runs processes.
+    # --workers auto: one worker, running as many single-thread forward passes at once as
+    # heron serve runs processes (on CPU).
     up = UpProcess(tmp_path, unset=("HERON_WORKERS",))
-    workers = 1 if Path(NVIDIA_DEVICE).exists() else min(usable_cpus(), 4)
+    on_gpu = Path(NVIDIA_DEVICE).exists()
     try:
         up.wait_for(lambda: local_http.get(up.url + "/readyz", timeout=1).status_code == 200
-                    and up.healthy_workers() == workers)
-        # The console says when each worker serves, once.
-        up.wait_for(lambda: up.log.read_text().count(" ready, pool default (") == workers)
+                    and up.healthy_workers() == 1)
+        # The console says when the worker serves, once.
+        up.wait_for(lambda: up.log.read_text().count(" ready, pool default (") == 1)
         names = " ".join(up.child_commands())
         assert "nats-server" in names and " gateway " in names and " worker " in names
-        # The cores split between the workers, as heron serve splits them between its
-        # processes (torch's default would give each worker a thread per core).
-        threads = os.environ.get("HERON_THREADS") or str(max(1, usable_cpus() // workers))
-        started = up.children_with(" worker ")
-        assert len(started) == workers
-        assert {w.environ().get("HERON_THREADS") for w in started} == {threads}
+        # The cores split between the passes, as heron serve splits them between its
+        # processes (torch's default would give each pass a thread per core).
+        (worker,) = up.children_with(" worker ")
+        passes = os.environ.get("HERON_INFERENCE_THREADS") or (
+            None if on_gpu else str(min(usable_cpus(), 4)))
+        assert worker.environ().get("HERON_INFERENCE_THREADS") == passes
+        threads = os.environ.get("HERON_THREADS") or str(
+            max(1, usable_cpus() // int(passes or 1)))
+        assert worker.environ().get("HERON_THREADS") == threads
         # nats-server shares the cores with the model: a Go thread per 4 usable CPUs.
         (nats_server,) = up.children_with("nats-server")
         assert nats_server.environ()["GOMAXPROCS"] == os.environ.get(

@@ -19,12 +19,20 @@ def test_anything_else_is_refused_naming_the_flag(value: str) -> None:
         up.workers_to_start(value)
 
 
-def test_auto_follows_heron_serve_on_cpu_and_is_one_on_cuda(
+def test_auto_is_one_worker_running_a_pass_per_cpu_on_cpu_and_one_on_cuda(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HERON_INFERENCE_THREADS", raising=False)
     monkeypatch.setenv("HERON_DEVICE", "cpu")
-    assert up.workers_to_start("auto") == min(usable_cpus(), 4)
+    assert up.workers_to_start("auto") == 1
+    # As many passes at once as heron serve runs processes.
+    assert up.worker_inference_threads("auto") == min(usable_cpus(), 4)
+    assert up.worker_inference_threads("2") == 0  # a number: the worker's own setting
     monkeypatch.setenv("HERON_DEVICE", "cuda")
     assert up.workers_to_start("auto") == 1
+    assert up.worker_inference_threads("auto") == 0  # one inference thread a model there
+    monkeypatch.setenv("HERON_DEVICE", "cpu")
+    monkeypatch.setenv("HERON_INFERENCE_THREADS", "3")
+    assert up.worker_inference_threads("auto") == 0  # the operator's own setting
 
 
 def test_the_cores_are_split_unless_heron_threads_says(
@@ -33,6 +41,9 @@ def test_the_cores_are_split_unless_heron_threads_says(
     assert up.worker_threads(1) == usable_cpus()
     assert up.worker_threads(0) == usable_cpus()  # the first worker, on demand, alone
     assert up.worker_threads(usable_cpus() * 2) == 1  # never under one thread
+    # Between the forward passes one worker runs at once, as between workers.
+    assert up.worker_threads(1, usable_cpus()) == 1
+    assert up.worker_threads(1, 2) == max(1, usable_cpus() // 2)
     monkeypatch.setenv("HERON_THREADS", "3")
     assert up.worker_threads(2) == 0  # the workers read the operator's own setting
 
