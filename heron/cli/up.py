@@ -194,11 +194,11 @@ def workers_to_start(workers: str) -> int:
 
     Why one worker on CPU: one event loop wakes less than two for the same requests, gets
     bigger shared work items from the gateway, and holds one copy of the models. On 2
-    cores, against two single-thread workers (the default before, 2026-11-30, interleaved
-    rounds): the null model 1.25-1.5 times the requests/s, MiniLM 0.86 against 0.83 of
-    `heron serve`'s at 32 clients and 0.86 against 0.87 at 64. One worker with one pass of
-    two torch threads lost MiniLM's share (76% against 92%, 2026-11-29): its event loop and
-    the model's OpenMP team compete for the same cores."""
+    cores, against two single-thread workers (the default before; 2026-11-30, interleaved
+    rounds of bench/coalesce_bench.py): the null model 1.47 times the requests/s, MiniLM
+    0.97-0.99 times. One worker with one pass of two torch threads lost MiniLM's share (76%
+    against 92% of `heron serve`, 2026-11-29): its event loop and the model's OpenMP team
+    compete for the same cores."""
     if workers.isdigit():
         return int(workers)
     if workers != "auto":
