@@ -154,8 +154,15 @@ class TokenBudgetBatcher:
                              f"rate measured, more than the {max(0.0, left):.1f} s left",
                              retry_after_s=retry_after_s(wait, left * ADMISSION_MARGIN))
 
-    async def next_batch(self) -> list[WorkItem]:
+    async def next_batch(self, free_passes: Callable[[], int] | None = None
+                         ) -> list[WorkItem]:
         """Wait for work, then (maybe) for more work, then take one batch.
+
+        ``free_passes``: how many forward passes could start now, this one included
+        (``--inference-threads``). The queue is then shared between them: a batch takes at
+        most its share, and the next free thread takes the rest. Taking everything left the
+        other thread idle: one `heron serve` process with two passes made 0.56-0.62 of two
+        processes' MiniLM requests/s at 32-64 clients, with 30-49% of the CPU idle.
 
         The wait is bounded from when the model became free (this call), not from when
         the oldest item arrived. Under closed-loop load the items of the batch just
@@ -181,6 +188,9 @@ class TokenBudgetBatcher:
                     await asyncio.wait_for(self._wakeup.wait(), quiet_left)
                 continue
             cap = self._item_cap(anchor.priority)
+            parts = free_passes() if free_passes is not None else 1
+            if parts > 1:
+                cap = min(cap, -(-len(self._items) // parts))
             # While priorities mix, a batch closes on the anchor's own wait: there, the
             # priority-0 tail counts for more than batch size.
             since = anchor.enqueued_at if cap < self.max_batch_items else max(

@@ -355,7 +355,8 @@ class ModelRunner:
         while True:
             await free.acquire()
             try:
-                batch = await self.batcher.next_batch()
+                batch = await self.batcher.next_batch(
+                    None if self.passes == 1 else self._free_passes)
             except BaseException:
                 free.release()
                 raise
@@ -369,6 +370,10 @@ class ModelRunner:
             task = loop.create_task(self._finish(batch, future, free))
             self._finishing.add(task)
             task.add_done_callback(self._finishing.discard)
+
+    def _free_passes(self) -> int:
+        """Passes that could start now, the one forming included."""
+        return max(1, self.passes - self.passes_running)
 
     async def _finish(self, batch: list[WorkItem], future: asyncio.Future,
                       free: asyncio.Semaphore) -> None:

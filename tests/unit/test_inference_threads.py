@@ -106,6 +106,27 @@ async def test_a_second_batch_starts_while_the_first_pass_runs() -> None:
         assert runner.passes_running == 0 and runner.in_forward == 0
 
 
+async def test_what_is_queued_is_shared_between_free_threads() -> None:
+    async with runner_with(2) as (runner, adapter):
+        # Six items at once, both threads free: three each, not six on one thread and the
+        # other idle.
+        answer = asyncio.create_task(runner.infer([tok(i) for i in range(1, 7)]))
+        await until(lambda: adapter.running == 2)
+        assert sorted(len(b) for b in adapter.batches) == [3, 3]
+        assert sorted(i for b in adapter.batches for i in b) == [1, 2, 3, 4, 5, 6]
+        adapter.release.set()
+        assert [int(r.value["dense"][0]) for r in await answer] == [1, 2, 3, 4, 5, 6]
+        # One thread free: it takes all that is queued.
+        adapter.release.clear()
+        first = asyncio.create_task(runner.infer([tok(7)]))
+        await until(lambda: adapter.running == 1)
+        rest = asyncio.create_task(runner.infer([tok(i) for i in range(8, 12)]))
+        await until(lambda: adapter.running == 2)
+        assert adapter.batches[-1] == [8, 9, 10, 11]
+        adapter.release.set()
+        await asyncio.gather(first, rest)
+
+
 async def test_one_thread_runs_one_pass_at_a_time() -> None:
     async with runner_with(1) as (runner, adapter):
         first = asyncio.create_task(runner.infer([tok(1)]))
