@@ -52,7 +52,13 @@ import psutil
 
 from bench.cluster_bench import local_cluster
 from bench.load import run_wrk, write_bodies
-from bench.revision_ab import cpu_s, cpu_us_per_request, loop_cpu_s, processes
+from bench.revision_ab import (
+    BUNDLE_MODELS,
+    cpu_s,
+    cpu_us_per_request,
+    loop_cpu_s,
+    processes,
+)
 from bench.server import REPO, free_port, start_server
 from bench.texts import build_workload
 from heron.cli.main import serve_processes, threads_per_process
@@ -70,6 +76,30 @@ def layouts(processes: int) -> dict[str, dict[str, int]]:
 
 
 LAYOUT_LABELS = {"up": "heron up", "up_worker_per_cpu": "heron up\n(a worker per CPU)"}
+
+
+def start_sides(stack: contextlib.ExitStack, work: Path, bundle: str, workers: int
+                ) -> tuple[dict[str, str], dict[str, dict[str, list[psutil.Process]]]]:
+    """`heron serve` and `heron up` in each of ``layouts(workers)``, serving ``bundle``,
+    up at once (stopped when ``stack`` closes): each side's encode URL and its processes
+    by role."""
+    model = BUNDLE_MODELS[bundle]
+    server = stack.enter_context(start_server(work / f"serve-{model}.log", bundle=bundle))
+    urls = {"serve": f"{server.url}/v1/encode/{model}"}
+    procs = {"serve": serve_procs(server.pid)}
+    for side, layout in layouts(workers).items():
+        gateway, _ = stack.enter_context(local_cluster(bundle, work / f"{side}-{model}",
+                                                       **layout))
+        urls[side] = f"{gateway}/v1/encode/{model}"
+        procs[side] = processes(work / f"{side}-{model}")
+    return urls, procs
+
+
+def turned(sides: list[str], index: int) -> list[str]:
+    """``sides`` in round ``index``'s order: each round starts one further along, so the
+    machine's drift (the second of a pair ran 10-15% slower on some days) favours none."""
+    turn = index % len(sides)
+    return sides[turn:] + sides[:turn]
 
 
 def log(message: str) -> None:
@@ -120,20 +150,12 @@ def null_part(work: Path, bodies: Path, workers: int, duration: float,
     Medians over the rounds."""
     out: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(start_server(work / "serve-null.log", bundle="null"))
-        urls = {"serve": f"{server.url}/v1/encode/null-model"}
-        procs = {"serve": serve_procs(server.pid)}
-        for side, layout in layouts(workers).items():
-            gateway, _ = stack.enter_context(local_cluster("null", work / f"{side}-null",
-                                                           **layout))
-            urls[side] = f"{gateway}/v1/encode/null-model"
-            procs[side] = processes(work / f"{side}-null")
+        urls, procs = start_sides(stack, work, "null", workers)
         for url in urls.values():
             step(url, bodies, 8, 2.0)  # warm-up
         steps: dict[str, list[dict[str, Any]]] = {side: [] for side in urls}
         for index in range(rounds):
-            turn = index % len(urls)
-            order = list(urls)[turn:] + list(urls)[:turn]
+            order = turned(list(urls), index)
             for side in order:
                 steps[side].append(measured_step(urls[side], bodies, 32, duration,
                                                  procs[side]))
@@ -189,21 +211,13 @@ def minilm_part(work: Path, bodies: Path, workers: int, duration: float,
     steps: list[dict[str, Any]] = []
     sides = ["serve", *layouts(workers)]
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(start_server(work / "serve-minilm.log"))
-        urls = {"serve": f"{server.url}/v1/encode/minilm"}
-        procs = {"serve": serve_procs(server.pid)}
-        for side, layout in layouts(workers).items():
-            gateway, _ = stack.enter_context(local_cluster("default", work / f"{side}-minilm",
-                                                           **layout))
-            urls[side] = f"{gateway}/v1/encode/minilm"
-            procs[side] = processes(work / f"{side}-minilm")
+        urls, procs = start_sides(stack, work, "default", workers)
         for url in urls.values():
             step(url, bodies, 16, 3.0)  # warm-up
         for index in range(rounds):
             for c in (32, 64):
                 row: dict[str, Any] = {"round": index, "connections": c}
-                turn = index % len(sides)
-                for side in sides[turn:] + sides[:turn]:  # drift favours none of them
+                for side in turned(sides, index):
                     row[side] = measured_step(urls[side], bodies, c, duration, procs[side],
                                               loop_cpu_s)
                 for side in sides[1:]:

@@ -217,6 +217,16 @@ def worker_inference_threads(workers: str) -> int:
     return serve_processes("auto", "cpu")
 
 
+def worker_passes(workers: str) -> int:
+    """The forward passes each worker runs at once: heron up's choice
+    (``worker_inference_threads``), else the operator's ``HERON_INFERENCE_THREADS``
+    (refused here when bad, not by every worker heron up starts), else 1."""
+    from heron.cli.main import inference_threads
+
+    return worker_inference_threads(workers) or inference_threads(
+        os.environ.get("HERON_INFERENCE_THREADS", "1"))
+
+
 def worker_threads(workers: int, inference_threads: int = 0) -> int:
     """Each worker's torch threads: ``HERON_THREADS`` where set, else the usable CPUs split
     between the forward passes that may run at once (each worker's ``inference_threads``,
@@ -269,19 +279,13 @@ def run_up(args: argparse.Namespace) -> int:
         os.environ["HERON_BUNDLES_DIR"] = str(bundles_dir)
     workers = workers_to_start(args.workers)
     passes = worker_inference_threads(args.workers)
-    own = os.environ.get("HERON_INFERENCE_THREADS")
-    if own is not None:  # refused here, not by every worker heron up starts
-        from heron.cli.main import inference_threads
-
-        passes_each = inference_threads(own)
-    else:
-        passes_each = passes or 1
     options = UpOptions(
         host=args.host, port=args.port, nats_port=args.nats_port, nats_nodes=args.nats_nodes,
         nats=args.nats, data_dir=Path(args.data_dir), bundle=bundle,
         pool=args.pool or bundle, workers=workers,
         min_workers=workers if args.min_workers is None else args.min_workers,
-        worker_threads=worker_threads(workers, passes_each), worker_inference_threads=passes,
+        worker_threads=worker_threads(workers, worker_passes(args.workers)),
+        worker_inference_threads=passes,
         max_workers=args.max_workers, idle_cooldown_s=args.idle_cooldown,
         log_level=args.child_log_level, config_port=args.config_port or free_port(),
         start_timeout_s=args.start_timeout)

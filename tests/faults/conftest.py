@@ -5,7 +5,6 @@ breaks. The NATS restart test restarts this server."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -26,8 +25,7 @@ def nats_of_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
 def rig(nats_of_rig: NatsServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     # Workers as `heron up --workers auto` runs them on CPU: one worker computing a
     # single-thread forward pass per usable CPU at once.
-    passes = up.worker_inference_threads("auto") or int(
-        os.environ.get("HERON_INFERENCE_THREADS", "1"))
+    passes = up.worker_passes("auto")
     threads = up.worker_threads(1, passes)  # 0: HERON_THREADS is set, and inherited
     layout = {"HERON_INFERENCE_THREADS": str(passes),
               **({"HERON_THREADS": str(threads)} if threads else {})}

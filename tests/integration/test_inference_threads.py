@@ -23,6 +23,7 @@ from tests.integration.test_lora import (  # noqa: F401  (fixtures)
     ADAPTERS,
     Reference,
     assert_matches,
+    encode_with,
     lora_models,
     model_config,
     reference,
@@ -71,13 +72,8 @@ def test_a_burst_mixing_adapters_on_two_passes_answers_each_with_its_own(
         limit = asyncio.Semaphore(24)
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             async def one(adapter: str | None, items: list[str]) -> np.ndarray:
-                body: dict = {"items": items}
-                if adapter is not None:
-                    body["adapter"] = adapter
                 async with limit:
-                    r = await client.post("/v1/encode/lora-base", json=body)
-                assert r.status_code == 200, r.text
-                return np.array([row["dense"] for row in r.json()["items"]], np.float32)
+                    return await encode_with(client, adapter, items)
             return await asyncio.gather(*(one(a, t) for a, t in plan))
 
     answers = asyncio.run(burst())

@@ -144,6 +144,17 @@ def encode(url: str, model: str, items: list[str], **body: object) -> np.ndarray
     return np.array([row["dense"] for row in r.json()["items"]], dtype=np.float32)
 
 
+async def encode_with(client: httpx.AsyncClient, adapter: str | None,
+                      items: list[str]) -> np.ndarray:
+    """``items`` encoded by lora-base with ``adapter`` (None: the base model)."""
+    body: dict = {"items": items}
+    if adapter is not None:
+        body["adapter"] = adapter
+    r = await client.post("/v1/encode/lora-base", json=body)
+    assert r.status_code == 200, r.text
+    return np.array([row["dense"] for row in r.json()["items"]], np.float32)
+
+
 def assert_matches(got: np.ndarray, want: np.ndarray) -> None:
     for g, w in zip(got, want, strict=True):
         assert cosine(g, w) >= 0.9999, cosine(g, w)
@@ -177,14 +188,7 @@ def test_a_burst_mixing_adapters_answers_each_with_its_own(server: ServerProcess
 
     async def burst() -> list[np.ndarray]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-            async def one(adapter: str | None, items: list[str]) -> np.ndarray:
-                body: dict = {"items": items}
-                if adapter is not None:
-                    body["adapter"] = adapter
-                r = await client.post("/v1/encode/lora-base", json=body)
-                assert r.status_code == 200, r.text
-                return np.array([row["dense"] for row in r.json()["items"]], np.float32)
-            return await asyncio.gather(*(one(a, t) for a, t in plan))
+            return await asyncio.gather(*(encode_with(client, a, t) for a, t in plan))
 
     answers = asyncio.run(burst())
     for (adapter, items), got in zip(plan, answers, strict=True):

@@ -6,6 +6,7 @@ import pytest
 
 from heron.cli import up
 from heron.cli.main import build_parser, usable_cpus
+from heron.runtime.modelconfig import ConfigError
 
 
 def test_a_number_is_taken_as_it_is_and_zero_waits_for_the_first_request() -> None:
@@ -33,6 +34,19 @@ def test_auto_is_one_worker_running_a_pass_per_cpu_on_cpu_and_one_on_cuda(
     monkeypatch.setenv("HERON_DEVICE", "cpu")
     monkeypatch.setenv("HERON_INFERENCE_THREADS", "3")
     assert up.worker_inference_threads("auto") == 0  # the operator's own setting
+
+
+def test_each_workers_passes_are_heron_ups_or_the_operators(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HERON_DEVICE", "cpu")
+    monkeypatch.delenv("HERON_INFERENCE_THREADS", raising=False)
+    assert up.worker_passes("auto") == min(usable_cpus(), 4)
+    assert up.worker_passes("2") == 1
+    monkeypatch.setenv("HERON_INFERENCE_THREADS", "3")
+    assert up.worker_passes("auto") == up.worker_passes("2") == 3
+    monkeypatch.setenv("HERON_INFERENCE_THREADS", "0")  # refused before any worker starts
+    with pytest.raises(ConfigError, match="--inference-threads: 0: expected a number >= 1"):
+        up.worker_passes("2")
 
 
 def test_the_cores_are_split_unless_heron_threads_says(
