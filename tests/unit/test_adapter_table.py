@@ -19,7 +19,7 @@ from heron.runtime.modelconfig import ConfigError, parse_model_config
 from tests.support.servers import REPO, loaded_after_import
 
 ADAPTER_DIR = REPO / "worker" / "adapters"
-NOT_FAMILIES = {"__init__", "base", "packing", "special_tokens"}  # package, contract, helpers
+NOT_FAMILIES = {"__init__", "base", "packed_bert", "packing", "special_tokens"}  # package, contract, helpers
 TASKS = {"encode", "score", "extract"}
 
 

@@ -22,6 +22,7 @@ from heron.runtime.adapters import adapter_family
 from heron.runtime.checkpoint import Checkpoint, CheckpointError
 from heron.runtime.modelconfig import ModelConfig, Profile
 from heron.worker.adapters import packing
+from heron.worker.adapters.packed_bert import PackedBert
 from heron.worker.adapters.packing import Packing
 from heron.worker.adapters.special_tokens import special_tokens_around
 from heron_sdk.errors import HeronError
@@ -195,8 +196,10 @@ class Adapter(ABC):
             self.packed = self.packing_refused is None
         else:
             self.packing_refused = f"the {self.name} adapter pads its batches"
+        self.packed_bert: PackedBert | None = None
         if self.packed:
             packing.enable(model)
+            self.packed_bert = PackedBert.build(model)
         model_limit = getattr(model.config, "max_position_embeddings", None) or 512
         if getattr(model.config, "model_type", None) in PADDING_OFFSET_POSITIONS:
             # Their positions start after padding_idx: XLM-R's 514 positions hold 512 tokens.
@@ -279,6 +282,7 @@ class Adapter(ABC):
         """Drop the weights (eviction); the tokenizer stays for requests already past it."""
         if hasattr(self, "model"):
             del self.model
+        self.packed_bert = None
 
     @abstractmethod
     def load_model(self, path: Path) -> torch.nn.Module: ...
@@ -511,6 +515,15 @@ class Adapter(ABC):
             token_type_ids=None if types is None else torch.from_numpy(types).to(to),
             lengths=torch.from_numpy(lengths).to(to),
         )
+
+    def hidden_states(self, batch: Batch) -> torch.Tensor:
+        """The encoder's last hidden states: [B, L, H] padded, [1, T, H] packed. A packed
+        BERT batch runs Heron's plain path (adapters/packed_bert.py) while it applies."""
+        if batch.packing is not None and self.packed_bert is not None \
+                and self.packed_bert.usable():
+            return self.packed_bert.states(batch.input_ids, batch.token_type_ids,
+                                           batch.position_ids, batch.packing)
+        return self.model(**batch.model_inputs()).last_hidden_state
 
     @abstractmethod
     def forward(self, batch: Batch) -> Any:

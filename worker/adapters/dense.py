@@ -106,7 +106,7 @@ class DenseAdapter(Adapter):
         return {**super().describe(), "pooling": self.pooling, "normalize": self.normalize}
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        hidden = self.model(**batch.model_inputs()).last_hidden_state
+        hidden = self.hidden_states(batch)
         pooled = (self._pool_packed(hidden[0], batch) if batch.packing is not None
                   else self._pool_padded(hidden, batch))
         for layer in self.dense_layers:

@@ -100,10 +100,18 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     """Attention within each item of a packed [1, heads, T, dim] batch; returns the
     [1, T, heads, dim] layout transformers expects. Rows no item owns (the padding up to
     a bucketed length) come out as zeros."""
-    groups: list[AttentionGroup] = kwargs["heron_attention_groups"]
     _, heads, total, dim = query.shape
     q, k, v = (x.transpose(1, 2)[0] for x in (query, key, value))  # [T, heads, dim]
-    out = query.new_zeros(total, heads * dim)
+    out = attend(q, k, v, kwargs["heron_attention_groups"], scaling)
+    return out.view(1, total, heads, dim), None
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           groups: list[AttentionGroup], scaling: float | None) -> torch.Tensor:
+    """Attention within each item: [T, heads, dim] queries, keys and values of a packed
+    sequence -> [T, heads * dim]."""
+    total, heads, dim = q.shape
+    out = q.new_zeros(total, heads * dim)
     for g in groups:
         qg, kg, vg = (x.index_select(0, g.gather).view(g.items, g.length, heads, dim)
                       .transpose(1, 2) for x in (q, k, v))
@@ -112,7 +120,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         if g.valid is not None:
             o = o.index_select(0, g.valid)
         out.index_copy_(0, g.rows, o)
-    return out.view(1, total, heads, dim), None
+    return out
 
 
 def refusal(model: torch.nn.Module, device: torch.device, setting: str) -> str | None:

@@ -1,0 +1,108 @@
+"""Heron's plain BERT path for packed batches (worker/adapters/packed_bert.py) gives the
+model's own hidden states, holds the weights once, and steps aside whenever the model is no
+longer as loaded."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+
+from heron.runtime.modelconfig import model_config_from_dir
+from heron.worker.adapters.dense import DenseAdapter
+from heron.worker.memory import module_bytes
+from tests.support.tiny_models import minilm_dir
+
+TEXTS = ["a", "herons stand still in shallow water", "mid length text here",
+         " ".join(["long"] * 90), "two words", " ".join(["river"] * 30)]
+
+
+def load(bf16: bool = False) -> DenseAdapter:
+    config = model_config_from_dir("m", "dense", minilm_dir())
+    adapter = DenseAdapter(config, config.profile)
+    adapter.load(minilm_dir(), torch.device("cpu"), torch.float32)
+    if bf16:
+        adapter.store_matmul_weights(torch.bfloat16)
+    assert adapter.packed and adapter.packed_bert is not None
+    return adapter
+
+
+def both(adapter: DenseAdapter, bf16: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(the adapter's hidden states, the model's own forward's) for TEXTS, packed."""
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if bf16
+                else contextlib.nullcontext())
+    with torch.inference_mode(), autocast:
+        batch = adapter.collate(adapter.tokenize(TEXTS))
+        assert batch.packing is not None
+        ours = adapter.hidden_states(batch).float().numpy()
+        own = adapter.model(**batch.model_inputs()).last_hidden_state.float().numpy()
+    return ours, own
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_plain_path_gives_the_models_hidden_states(bf16: bool) -> None:
+    adapter = load(bf16)
+    assert adapter.packed_bert is not None and adapter.packed_bert.usable()
+    ours, own = both(adapter, bf16)
+    assert ours.shape == own.shape
+    # Adding the embeddings in another order already moved bf16 states by 0.01-0.02.
+    np.testing.assert_allclose(ours, own, atol=1e-3 if bf16 else 1e-5)
+
+
+def test_fused_projections_hold_the_weights_once() -> None:
+    adapter = load()
+    attention = adapter.model.encoder.layer[0].attention.self
+    before = [m.weight.detach().clone() for m in (attention.query, attention.key,
+                                                    attention.value)]
+    size = module_bytes(adapter.model)
+    both(adapter)  # the first pass fuses
+    weights = [attention.query.weight, attention.key.weight, attention.value.weight]
+    assert len({w.untyped_storage().data_ptr() for w in weights}) == 1
+    for w, b in zip(weights, before, strict=True):
+        assert torch.equal(w, b)
+    assert module_bytes(adapter.model) == size
+
+
+def test_a_weight_changed_or_replaced_after_fusing_is_used() -> None:
+    adapter = load()
+    both(adapter)
+    attention = adapter.model.encoder.layer[2].attention.self
+    with torch.no_grad():
+        attention.key.weight.mul_(0.5)  # in place: a slice of the fused weight
+        attention.value.weight = torch.nn.Parameter(attention.value.weight * 2)  # replaced
+    ours, own = both(adapter)
+    np.testing.assert_allclose(ours, own, atol=1e-5)
+
+
+class Shifted(torch.nn.Module):
+    """Stands for a wrapper such as LoRA's: the layer's output, changed."""
+
+    def __init__(self, base: torch.nn.Module) -> None:
+        super().__init__()
+        self.base = base
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + 0.5
+
+
+def test_steps_aside_for_a_replaced_module_or_training_mode() -> None:
+    adapter = load()
+    plain, _ = both(adapter)
+    attention = adapter.model.encoder.layer[1].attention.self
+    attention.value = Shifted(attention.value)
+    assert adapter.packed_bert is not None and not adapter.packed_bert.usable()
+    ours, own = both(adapter)
+    np.testing.assert_array_equal(ours, own)  # the model's forward, wrapper and all
+    assert np.abs(ours - plain).max() > 0.01
+    attention.value = attention.value.base
+    assert adapter.packed_bert.usable()
+    adapter.model.train()
+    assert not adapter.packed_bert.usable()
+
+
+def test_released_model_drops_the_path() -> None:
+    adapter = load()
+    adapter.release()
+    assert adapter.packed_bert is None
