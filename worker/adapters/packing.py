@@ -72,21 +72,26 @@ def attention_groups(segments: list[tuple[int, int]],
                                                   - segments[runs[-1][0]][0]):
             runs.append([])
         runs[-1].append(i)
+    bounds = np.asarray(segments, dtype=np.int64).reshape(-1, 2)
     groups = []
     for run in runs:
-        spans = [segments[i] for i in run]
-        length = spans[0][1] - spans[0][0]
-        gather = np.concatenate([np.r_[np.arange(s, e), np.full(length - (e - s), s)]
-                                 for s, e in spans])
-        rows = np.concatenate([np.arange(s, e) for s, e in spans])
-        full = len(rows) == len(gather)
+        # Whole-array numpy, no arrays per item: 53 against 87 us for 12 items (this
+        # function held 12 of an inference thread's 114 GIL samples in py-spy).
+        starts, ends = bounds[run, 0], bounds[run, 1]
+        lengths = ends - starts
+        length = int(lengths[0])
+        offsets = np.arange(length)[None, :]
+        keep = offsets < lengths[:, None]  # [items, length]: real tokens
+        gather = np.where(keep, starts[:, None] + offsets, starts[:, None]).reshape(-1)
         mask = valid = None
-        if not full:
-            lengths = np.array([e - s for s, e in spans])
-            keep = np.arange(length)[None, :] < lengths[:, None]  # [items, length]
-            mask = torch.from_numpy(keep).view(len(spans), 1, 1, length).to(device)
-            valid = torch.from_numpy(np.flatnonzero(keep)).to(device)
-        groups.append(AttentionGroup(items=len(spans), length=length,
+        if keep.all():
+            rows = gather
+        else:
+            flat = np.flatnonzero(keep)
+            rows = gather[flat]
+            mask = torch.from_numpy(keep).view(len(run), 1, 1, length).to(device)
+            valid = torch.from_numpy(flat).to(device)
+        groups.append(AttentionGroup(items=len(run), length=length,
                                      gather=torch.from_numpy(gather).to(device),
                                      mask=mask, valid=valid,
                                      rows=torch.from_numpy(rows).to(device)))
