@@ -19,7 +19,8 @@ from heron.runtime.modelconfig import ConfigError, parse_model_config
 from tests.support.servers import REPO, loaded_after_import
 
 ADAPTER_DIR = REPO / "worker" / "adapters"
-NOT_FAMILIES = {"__init__", "base", "packed_bert", "packing", "special_tokens"}  # package, contract, helpers
+# The package, the contract and its helpers
+NOT_FAMILIES = {"__init__", "base", "packed_bert", "packing", "special_tokens"}
 TASKS = {"encode", "score", "extract"}
 
 
