@@ -7,6 +7,7 @@ hands each item's ``postprocess`` output back to the request that owns it.
 
 from __future__ import annotations
 
+import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from heron.runtime.adapters import adapter_family
 from heron.runtime.checkpoint import Checkpoint, CheckpointError
 from heron.runtime.modelconfig import ModelConfig, Profile
 from heron.worker.adapters import packing
-from heron.worker.adapters.packed_bert import PackedBert
+from heron.worker.adapters.cuda_graphs import GraphedBert, cuda_graphs_enabled
 from heron.worker.adapters.packing import Packing
+from heron.worker.adapters.plain_bert import PlainBert
 from heron.worker.adapters.special_tokens import special_tokens_around
 from heron_sdk.errors import HeronError
 
@@ -196,10 +198,14 @@ class Adapter(ABC):
             self.packed = self.packing_refused is None
         else:
             self.packing_refused = f"the {self.name} adapter pads its batches"
-        self.packed_bert: PackedBert | None = None
+        self.plain_bert: PlainBert | None = None
+        self.graphed_bert: GraphedBert | None = None
         if self.packed:
             packing.enable(model)
-            self.packed_bert = PackedBert.build(model)
+            self.plain_bert = PlainBert.build(model)
+        elif device.type == "cuda" and cuda_graphs_enabled(os.environ):
+            plain = PlainBert.build(model)
+            self.graphed_bert = None if plain is None else GraphedBert(plain, device)
         model_limit = getattr(model.config, "max_position_embeddings", None) or 512
         if getattr(model.config, "model_type", None) in PADDING_OFFSET_POSITIONS:
             # Their positions start after padding_idx: XLM-R's 514 positions hold 512 tokens.
@@ -282,7 +288,8 @@ class Adapter(ABC):
         """Drop the weights (eviction); the tokenizer stays for requests already past it."""
         if hasattr(self, "model"):
             del self.model
-        self.packed_bert = None
+        self.plain_bert = None
+        self.graphed_bert = None
 
     @abstractmethod
     def load_model(self, path: Path) -> torch.nn.Module: ...
@@ -517,12 +524,19 @@ class Adapter(ABC):
         )
 
     def hidden_states(self, batch: Batch) -> torch.Tensor:
-        """The encoder's last hidden states: [B, L, H] padded, [1, T, H] packed. A packed
-        BERT batch runs Heron's plain path (adapters/packed_bert.py) while it applies."""
-        if batch.packing is not None and self.packed_bert is not None \
-                and self.packed_bert.usable():
-            return self.packed_bert.states(batch.input_ids, batch.token_type_ids,
+        """The encoder's last hidden states: [B, L, H] padded, [1, T, H] packed. While
+        Heron's plain BERT path applies (adapters/plain_bert.py), a packed batch runs it and
+        a padded one on CUDA replays its captured graph (adapters/cuda_graphs.py)."""
+        if batch.packing is not None and self.plain_bert is not None \
+                and self.plain_bert.usable():
+            return self.plain_bert.states(batch.input_ids, batch.token_type_ids,
                                            batch.position_ids, batch.packing)
+        graphed = self.graphed_bert
+        if batch.packing is None and graphed is not None and graphed.plain.usable():
+            states = graphed.states(batch.input_ids, batch.token_type_ids,
+                                    batch.attention_mask)
+            if states is not None:
+                return states
         return self.model(**batch.model_inputs()).last_hidden_state
 
     @abstractmethod

@@ -1,4 +1,5 @@
-"""BERT's encoder on a packed batch, run as a plain sequence of torch calls.
+"""BERT's encoder run as a plain sequence of torch calls: on packed batches (CPU) and on
+padded ones (CUDA graphs, worker/adapters/cuda_graphs.py).
 
 transformers' ``BertModel.forward`` reaches each layer through several Python wrappers
 (keyword-argument decorators, output capture, config lookups, signature inspection) and a
@@ -7,10 +8,12 @@ the same order, with the query, key and value projections in one matmul. The ans
 bit-identical to the model's own forward under bf16 autocast and within 1e-5 in fp32
 (tests/unit/test_packing.py); the parity suite compares both with sentence-transformers.
 
-Why: with ``--inference-threads`` the passes share one GIL, and a thread that holds it
-for Python keeps the others' finished matmuls waiting. On MiniLM (bf16 autocast, one torch
-thread a pass, batches of 8 mixed 8-128-token texts) two threads ran 83-87 passes/s through
-the model's forward and 94-96 through this path; one thread ran 4-10% faster.
+Why, on packed batches: with ``--inference-threads`` the passes share one GIL, and a
+thread that holds it for Python keeps the others' finished matmuls waiting. On MiniLM (bf16
+autocast, one torch thread a pass, batches of 8 mixed 8-128-token texts) two threads ran
+83-87 passes/s through the model's forward and 94-96 through this path; one thread ran 4-10%
+faster. On padded batches it is what a CUDA graph captures: no host synchronisation, and
+every weight read from the same tensor each pass.
 
 Used only while the model is exactly what transformers loaded: the BERT classes, in eval
 mode, no module replaced (a LoRA adapter wraps its layers; checked by identity each pass,
@@ -20,6 +23,7 @@ about 80 attribute reads). Otherwise the adapter calls the model.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +53,7 @@ def projection_source(attention: torch.nn.Module) -> tuple[tuple[int, int], ...]
     return tuple((t.data_ptr(), t._version) for t in tensors)
 
 
-class PackedBert:
+class PlainBert:
     """The plain path for one loaded BertModel; ``build`` says whether it has one."""
 
     def __init__(self, model: torch.nn.Module, bindings: list[Binding]) -> None:
@@ -60,7 +64,7 @@ class PackedBert:
         self._fusing = threading.Lock()
 
     @classmethod
-    def build(cls, model: torch.nn.Module) -> PackedBert | None:
+    def build(cls, model: torch.nn.Module) -> PlainBert | None:
         """The path for ``model``, or None where it is not transformers' plain BertModel
         (a decoder, relative positions, cross-attention, a replaced module)."""
         from transformers.models.bert import modeling_bert as hf
@@ -117,21 +121,51 @@ class PackedBert:
     def states(self, input_ids: Tensor, token_type_ids: Tensor | None,
                position_ids: Tensor, packing: Packing) -> Tensor:
         """Last hidden states [1, T, H] of a packed [1, T] batch, as ``BertModel`` gives."""
+        x = self._embed(input_ids[0], None if token_type_ids is None else token_type_ids[0],
+                        F.embedding(position_ids[0], self.model.embeddings.position_embeddings
+                                    .weight))
+        total = x.shape[0]
+
+        def packed(qkv: Tensor, attention: torch.nn.Module) -> Tensor:
+            heads, dim = attention.num_attention_heads, attention.attention_head_size
+            q, k, v = qkv.view(total, 3, heads, dim).unbind(1)
+            return attend(q, k, v, packing.attention, attention.scaling)
+        return self._encode(x, packed).unsqueeze(0)
+
+    def padded_states(self, input_ids: Tensor, token_type_ids: Tensor | None,
+                      attention_mask: Tensor) -> Tensor:
+        """Last hidden states [B, L, H] of a right-padded [B, L] batch, as ``BertModel``
+        gives at its real tokens (torch's attention, masked keys at the dtype's lowest
+        value)."""
+        rows, width = input_ids.shape
+        x = self._embed(input_ids, token_type_ids,
+                        self.model.embeddings.position_embeddings.weight[:width])
+        bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+
+        def padded(qkv: Tensor, attention: torch.nn.Module) -> Tensor:
+            heads, dim = attention.num_attention_heads, attention.attention_head_size
+            q, k, v = qkv.view(rows, width, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                                 scale=attention.scaling)
+            return out.transpose(1, 2).reshape(rows, width, heads * dim)
+        return self._encode(x, padded)
+
+    def _embed(self, input_ids: Tensor, token_type_ids: Tensor | None,
+               positions: Tensor) -> Tensor:
         emb = self.model.embeddings
-        x = F.embedding(input_ids[0], emb.word_embeddings.weight)
+        x = F.embedding(input_ids, emb.word_embeddings.weight)
         if token_type_ids is not None:
-            x = x + F.embedding(token_type_ids[0], emb.token_type_embeddings.weight)
+            x = x + F.embedding(token_type_ids, emb.token_type_embeddings.weight)
         else:
             x = x + emb.token_type_embeddings.weight[0]
-        x = x + F.embedding(position_ids[0], emb.position_embeddings.weight)
-        x = layer_norm(x, emb.LayerNorm)
-        total = x.shape[0]
+        return layer_norm(x + positions, emb.LayerNorm)
+
+    def _encode(self, x: Tensor, attend_fn: Callable[[Tensor, torch.nn.Module], Tensor]
+                ) -> Tensor:
+        """The layers, each attending through ``attend_fn(fused q/k/v, its attention)``."""
         for i, layer in enumerate(self.layers):
-            attention = layer.attention.self
-            heads, dim = attention.num_attention_heads, attention.attention_head_size
             fused = self._projection(i)
-            q, k, v = F.linear(x, fused.weight, fused.bias).view(total, 3, heads, dim).unbind(1)
-            attended = attend(q, k, v, packing.attention, attention.scaling)
+            attended = attend_fn(F.linear(x, fused.weight, fused.bias), layer.attention.self)
             out = layer.attention.output
             x = layer_norm(F.linear(attended, out.dense.weight, out.dense.bias) + x,
                            out.LayerNorm)
@@ -139,7 +173,12 @@ class PackedBert:
             h = inner.intermediate_act_fn(F.linear(x, inner.dense.weight, inner.dense.bias))
             out = layer.output
             x = layer_norm(F.linear(h, out.dense.weight, out.dense.bias) + x, out.LayerNorm)
-        return x.unsqueeze(0)
+        return x
+
+    def fuse_all(self) -> tuple[int, ...]:
+        """Fuse every layer's projections now (not inside a graph capture); the fused
+        tensors' identities, which change when a weight was replaced."""
+        return tuple(id(self._projection(i)) for i in range(len(self.layers)))
 
     def _projection(self, index: int) -> FusedProjection:
         attention = self.layers[index].attention.self

@@ -1,4 +1,4 @@
-"""Heron's plain BERT path for packed batches (worker/adapters/packed_bert.py) gives the
+"""Heron's plain BERT path for packed batches (worker/adapters/plain_bert.py) gives the
 model's own hidden states, holds the weights once, and steps aside whenever the model is no
 longer as loaded."""
 
@@ -25,7 +25,7 @@ def load(bf16: bool = False) -> DenseAdapter:
     adapter.load(minilm_dir(), torch.device("cpu"), torch.float32)
     if bf16:
         adapter.store_matmul_weights(torch.bfloat16)
-    assert adapter.packed and adapter.packed_bert is not None
+    assert adapter.packed and adapter.plain_bert is not None
     return adapter
 
 
@@ -44,7 +44,7 @@ def both(adapter: DenseAdapter, bf16: bool = False) -> tuple[np.ndarray, np.ndar
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
 def test_plain_path_gives_the_models_hidden_states(bf16: bool) -> None:
     adapter = load(bf16)
-    assert adapter.packed_bert is not None and adapter.packed_bert.usable()
+    assert adapter.plain_bert is not None and adapter.plain_bert.usable()
     ours, own = both(adapter, bf16)
     assert ours.shape == own.shape
     # Adding the embeddings in another order already moved bf16 states by 0.01-0.02.
@@ -92,17 +92,17 @@ def test_steps_aside_for_a_replaced_module_or_training_mode() -> None:
     plain, _ = both(adapter)
     attention = adapter.model.encoder.layer[1].attention.self
     attention.value = Shifted(attention.value)
-    assert adapter.packed_bert is not None and not adapter.packed_bert.usable()
+    assert adapter.plain_bert is not None and not adapter.plain_bert.usable()
     ours, own = both(adapter)
     np.testing.assert_array_equal(ours, own)  # the model's forward, wrapper and all
     assert np.abs(ours - plain).max() > 0.01
     attention.value = attention.value.base
-    assert adapter.packed_bert.usable()
+    assert adapter.plain_bert.usable()
     adapter.model.train()
-    assert not adapter.packed_bert.usable()
+    assert not adapter.plain_bert.usable()
 
 
 def test_released_model_drops_the_path() -> None:
     adapter = load()
     adapter.release()
-    assert adapter.packed_bert is None
+    assert adapter.plain_bert is None
