@@ -64,6 +64,27 @@ def test_no_graphs_off_cuda() -> None:
     assert load().graphed_bert is None
 
 
+def test_a_failed_capture_leaves_the_model_eager(monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    adapter = load()
+    plain = PlainBert.build(adapter.model)
+    assert plain is not None
+    graphed = GraphedBert(plain, torch.device("cpu"))
+    tries = []
+
+    def refuse(rows: int, width: int) -> None:
+        tries.append((rows, width))
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(graphed, "_capture", refuse)
+    with torch.inference_mode():
+        batch = padded(adapter, TEXTS)
+        for _ in range(2):
+            assert graphed.states(batch.input_ids, batch.token_type_ids,
+                                  batch.attention_mask) is None
+    assert tries == [(8, 96)] and graphed.failed and not graphed.graphs
+    assert "runs eagerly" in caplog.text
+
+
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need an NVIDIA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_graph_replays_give_the_eager_states(dtype: torch.dtype) -> None:

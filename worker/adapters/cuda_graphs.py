@@ -16,13 +16,15 @@ same padded input, cut back to ``[rows, width]``. To bound the graphs' memory (e
 its bucket's activations in the model's pool), buckets over MAX_GRAPH_TOKENS run eagerly, as
 does any pass once MAX_GRAPHS are captured. A
 bucket's first pass captures it (two eager passes, then the capture). The graphs are
-dropped, and captured again, when a weight of the model is replaced.
+dropped, and captured again, when a weight of the model is replaced. A capture that fails
+(an operation this torch build cannot capture) is logged, and the model runs eagerly.
 
 ``HERON_CUDA_GRAPHS=0`` turns them off.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from heron.worker.adapters.plain_bert import PlainBert
+
+log = logging.getLogger("heron.worker.cuda_graphs")
 
 WIDTH_STEP = 32
 MAX_GRAPH_TOKENS = 16384  # the default max_batch_tokens
@@ -73,6 +77,7 @@ class GraphedBert:
         self.graphs: dict[tuple[int, int], CapturedPass] = {}
         self.weights: tuple[int, ...] = ()
         self.pool: tuple[int, int] | None = None
+        self.failed = False  # a capture failed: this model runs eagerly from then on
         self._lock = threading.Lock()  # the static tensors are shared by every pass
 
     def states(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
@@ -90,9 +95,16 @@ class GraphedBert:
                 self.weights = weights
             captured = self.graphs.get(shape)
             if captured is None:
-                if len(self.graphs) >= self.max_graphs:
+                if self.failed or len(self.graphs) >= self.max_graphs:
                     return None
-                captured = self.graphs[shape] = self._capture(*shape)
+                try:
+                    captured = self._capture(*shape)
+                except Exception:  # an op this torch cannot capture: eager, not an error
+                    log.warning("CUDA graph capture failed; %s runs eagerly",
+                                type(self.plain.model).__name__, exc_info=True)
+                    self.failed = True
+                    return None
+                self.graphs[shape] = captured
             captured.input_ids[:rows, :width].copy_(input_ids)
             if token_type_ids is None:
                 captured.token_type_ids.zero_()
