@@ -2,7 +2,7 @@
 batch shape instead of launching each from Python.
 
 Why: on an H200 a BERT-base pass in fp16 took 5.6 ms for 1 row of 16 tokens and 6.1 ms for
-32 rows of 64, while its kernels kept the GPU busy about 1.4 ms (torch profiler, 40
+32 rows of 64, while its main kernels kept the GPU busy about 1.4 ms (torch profiler, 40
 passes): about 245 kernel launches a pass, each reached through Python and torch's
 dispatcher. In `heron serve` that host time also holds the GIL that the event loop needs
 for HTTP and tokenizing. With graphs, passes of 21 one-text items took 2.8 against 12.3 ms
