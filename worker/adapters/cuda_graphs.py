@@ -38,8 +38,8 @@ log = logging.getLogger("heron.worker.cuda_graphs")
 WIDTH_STEP = 32
 MAX_GRAPH_TOKENS = 16384  # the default max_batch_tokens
 MAX_GRAPHS = 96
-# One capture at a time in the process: a capture's memory pool and error checks are
-# per thread, but two at once would each see the other's allocations.
+# One capture at a time in the process: two models' first passes on their own threads
+# never capture at once.
 _CAPTURING = threading.Lock()
 
 
