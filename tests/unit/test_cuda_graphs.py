@@ -1,6 +1,7 @@
 """Padded BERT batches through Heron's plain path (worker/adapters/plain_bert.py) give the
-model's own hidden states at every real token, and on CUDA the captured graphs of
-worker/adapters/cuda_graphs.py give the eager path's (those tests need a GPU)."""
+model's own hidden states at every real token; a batch run in a bigger bucket's static
+tensors keeps them (checked on CPU with a replay that recomputes); and on CUDA the captured
+graphs of worker/adapters/cuda_graphs.py give the eager path's (those tests need a GPU)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ import pytest
 import torch
 
 from heron.runtime.modelconfig import model_config_from_dir
-from heron.worker.adapters.cuda_graphs import GraphedBert, bucket, cuda_graphs_enabled
+from heron.worker.adapters.cuda_graphs import (
+    CapturedPass,
+    GraphedBert,
+    bucket,
+    cuda_graphs_enabled,
+)
 from heron.worker.adapters.dense import DenseAdapter
 from heron.worker.adapters.plain_bert import PlainBert
 from tests.support.tiny_models import minilm_dir
@@ -83,6 +89,52 @@ def test_a_failed_capture_leaves_the_model_eager(monkeypatch: pytest.MonkeyPatch
                                   batch.attention_mask) is None
     assert tries == [(8, 96)] and graphed.failed and not graphed.graphs
     assert "runs eagerly" in caplog.text
+
+
+class Recompute:
+    """Stands for a captured graph on CPU: a replay computes the bucket's output again from
+    its static tensors, as the graph's kernels do on the GPU."""
+
+    def __init__(self, plain: PlainBert, captured: list[CapturedPass]) -> None:
+        self.plain, self.captured = plain, captured
+
+    def replay(self) -> None:
+        c = self.captured[0]
+        c.output.copy_(self.plain.padded_states(c.input_ids, c.token_type_ids,
+                                                c.attention_mask))
+
+
+def test_bucket_padding_keeps_each_rows_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The static tensors a replay reads (rows and columns past the batch, left over from
+    the bucket's last batch) change nothing at the batch's real tokens."""
+    adapter = load()
+    plain = PlainBert.build(adapter.model)
+    assert plain is not None
+    graphed = GraphedBert(plain, torch.device("cpu"))
+
+    def capture(rows: int, width: int) -> CapturedPass:
+        ids = torch.zeros(rows, width, dtype=torch.int64)
+        mask = torch.zeros(rows, width, dtype=torch.int64)
+        holder: list[CapturedPass] = []
+        holder.append(CapturedPass(
+            graph=Recompute(plain, holder),  # type: ignore[arg-type]
+            input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=mask,
+            output=torch.empty(rows, width, adapter.hidden_size)))
+        return holder[0]
+    monkeypatch.setattr(graphed, "_capture", capture)
+    with torch.inference_mode():
+        # In the bucket (8, 96): 6 rows of 92 tokens, then 5 of 92, then 5 of 70; then 3
+        # rows of 92 in (4, 96), and the first batch again.
+        shorter = [" ".join(["long"] * 68), *TEXTS[:3], TEXTS[4]]
+        for texts in (TEXTS, TEXTS[:5], shorter, TEXTS[1:4], TEXTS):
+            batch = padded(adapter, texts)
+            states = graphed.states(batch.input_ids, batch.token_type_ids,
+                                    batch.attention_mask)
+            own = adapter.model(**batch.model_inputs()).last_hidden_state
+            assert states is not None and states.shape == own.shape
+            np.testing.assert_allclose(real(states, batch.attention_mask),
+                                       real(own, batch.attention_mask), atol=1e-5)
+    assert set(graphed.graphs) == {(8, 96), (4, 96)}
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs need an NVIDIA GPU")
