@@ -6,6 +6,7 @@ graphs of worker/adapters/cuda_graphs.py give the eager path's (those tests need
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from heron.worker.adapters.cuda_graphs import (
 )
 from heron.worker.adapters.dense import DenseAdapter
 from heron.worker.adapters.plain_bert import PlainBert
-from tests.support.tiny_models import minilm_dir
+from tests.support.tiny_models import build_sentencepiece_model, minilm_dir
 
 TEXTS = ["a", "herons stand still in shallow water", "mid length text here",
          " ".join(["long"] * 90), "two words", " ".join(["river"] * 30)]
@@ -54,6 +55,27 @@ def test_padded_plain_path_gives_the_models_states_at_real_tokens() -> None:
                                    batch.attention_mask)
         own = adapter.model(**batch.model_inputs()).last_hidden_state
     assert ours.shape == own.shape
+    np.testing.assert_allclose(real(ours, batch.attention_mask),
+                               real(own, batch.attention_mask), atol=1e-5)
+
+
+def test_padded_plain_path_for_xlm_roberta(tmp_path: Path) -> None:
+    """XLM-R's positions start after its padding index (2 here): the plain path's too."""
+    path = build_sentencepiece_model(tmp_path / "xlmr")
+    config = model_config_from_dir("x", "dense", path)
+    adapter = DenseAdapter(config, config.profile)
+    adapter.load(path, torch.device("cpu"), torch.float32)
+    plain = PlainBert.build(adapter.model)
+    assert plain is not None and plain.position_offset == 2
+    assert GraphedBert(plain, torch.device("cpu")).max_width == 128  # 130 positions
+    texts = ["paris", "the quick brown fox jumps over the lazy dog",
+             "heron serves embeddings " * 6, "france is"]
+    with torch.inference_mode():
+        batch = padded(adapter, texts)
+        ours = plain.padded_states(batch.input_ids, batch.token_type_ids,
+                                   batch.attention_mask)
+        own = adapter.model(**batch.model_inputs()).last_hidden_state
+    assert batch.attention_mask.sum(1).tolist() != [batch.input_ids.shape[1]] * len(texts)
     np.testing.assert_allclose(real(ours, batch.attention_mask),
                                real(own, batch.attention_mask), atol=1e-5)
 

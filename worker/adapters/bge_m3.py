@@ -113,7 +113,7 @@ class BgeM3Adapter(Adapter):
                 "multi_vector_dimensions": self.colbert_dimensions}
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        hidden = self.model(**batch.model_inputs()).last_hidden_state
+        hidden = self.hidden_states(batch)
         mask = batch.attention_mask
         dense = hidden[:, 0] if self.pooling == "cls" else masked_mean(hidden, mask)
         weights = torch.relu(self.model.heron_sparse_linear(hidden)).squeeze(-1)

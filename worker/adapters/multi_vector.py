@@ -386,7 +386,7 @@ class MultiVectorAdapter(Adapter):
         return batch
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        hidden = self.model(**batch.model_inputs()).last_hidden_state
+        hidden = self.hidden_states(batch)
         width = hidden.shape[1]
         real = (torch.arange(width, device=hidden.device)[None, :]
                 < batch.lengths[:, None])

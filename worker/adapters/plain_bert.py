@@ -1,5 +1,6 @@
-"""BERT's encoder run as a plain sequence of torch calls: on packed batches (CPU) and on
-padded ones (CUDA graphs, worker/adapters/cuda_graphs.py).
+"""BERT's encoder run as a plain sequence of torch calls: on packed batches (CPU, BERT) and
+on padded ones (CUDA graphs, worker/adapters/cuda_graphs.py; BERT, RoBERTa and XLM-R,
+whose layers are BERT's and whose positions start after the padding index).
 
 transformers' ``BertModel.forward`` reaches each layer through several Python wrappers
 (keyword-argument decorators, output capture, config lookups, signature inspection) and a
@@ -25,6 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,33 +55,61 @@ def projection_source(attention: torch.nn.Module) -> tuple[tuple[int, int], ...]
     return tuple((t.data_ptr(), t._version) for t in tensors)
 
 
-class PlainBert:
-    """The plain path for one loaded BertModel; ``build`` says whether it has one."""
+def family(model: torch.nn.Module) -> tuple[Any, str, int] | None:
+    """(transformers' modelling module, its class prefix, the first real position) when
+    ``model`` is exactly one of the BERT-shaped encoders: BERT, or RoBERTa and XLM-R, whose
+    positions start after the padding index."""
+    from transformers.models.bert import modeling_bert
+    from transformers.models.roberta import modeling_roberta
+    from transformers.models.xlm_roberta import modeling_xlm_roberta
+    kind = type(model)
+    if kind is modeling_bert.BertModel:
+        return modeling_bert, "Bert", 0
+    offset = int(getattr(model.config, "pad_token_id", 1) or 0) + 1
+    if kind is modeling_roberta.RobertaModel:
+        return modeling_roberta, "Roberta", offset
+    if kind is modeling_xlm_roberta.XLMRobertaModel:
+        return modeling_xlm_roberta, "XLMRoberta", offset
+    return None
 
-    def __init__(self, model: torch.nn.Module, bindings: list[Binding]) -> None:
+
+class PlainBert:
+    """The plain path for one loaded BERT-shaped model; ``build`` says whether it has one."""
+
+    def __init__(self, model: torch.nn.Module, bindings: list[Binding],
+                 position_offset: int = 0) -> None:
         self.model = model
         self.bindings = bindings
+        # Right-padded items' real tokens sit at these positions (RoBERTa's start after its
+        # padding index); only BERT's batches are packed (adapters/packing.py).
+        self.position_offset = position_offset
         self.layers = list(model.encoder.layer)
         self.fused: list[FusedProjection | None] = [None] * len(self.layers)
         self._fusing = threading.Lock()
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> PlainBert | None:
-        """The path for ``model``, or None where it is not transformers' plain BertModel
-        (a decoder, relative positions, cross-attention, a replaced module)."""
-        from transformers.models.bert import modeling_bert as hf
+        """The path for ``model``, or None where it is not transformers' plain BertModel,
+        RobertaModel or XLMRobertaModel (a decoder, relative positions, cross-attention, a
+        replaced module)."""
+        found = family(model)
+        if found is None:
+            return None
+        hf, prefix, offset = found
 
+        def cls_(name: str) -> type:
+            return getattr(hf, prefix + name)
         config = model.config
-        if (type(model) is not hf.BertModel or config.is_decoder
+        if (config.is_decoder
                 or getattr(config, "add_cross_attention", False)
                 or getattr(config, "position_embedding_type", "absolute") != "absolute"):
             return None
         kinds = {"word_embeddings": torch.nn.Embedding,
                  "position_embeddings": torch.nn.Embedding,
                  "token_type_embeddings": torch.nn.Embedding, "LayerNorm": torch.nn.LayerNorm,
-                 "attention": hf.BertAttention, "self": hf.BertSelfAttention,
+                 "attention": cls_("Attention"), "self": cls_("SelfAttention"),
                  "query": torch.nn.Linear, "key": torch.nn.Linear, "value": torch.nn.Linear,
-                 "intermediate": hf.BertIntermediate, "dense": torch.nn.Linear}
+                 "intermediate": cls_("Intermediate"), "dense": torch.nn.Linear}
         bindings: list[Binding] = []
 
         def bind(parent: torch.nn.Module, name: str, kind: type | None = None) -> bool:
@@ -90,20 +120,20 @@ class PlainBert:
             return True
 
         emb = model.embeddings
-        if not (bind(model, "embeddings", hf.BertEmbeddings) and all(
+        if not (bind(model, "embeddings", cls_("Embeddings")) and all(
                 bind(emb, n) for n in ("word_embeddings", "position_embeddings",
                                        "token_type_embeddings", "LayerNorm"))):
             return None
-        if not bind(model, "encoder", hf.BertEncoder):
+        if not bind(model, "encoder", cls_("Encoder")):
             return None
         for index, layer in enumerate(model.encoder.layer):
-            if not (bind(model.encoder.layer, str(index), hf.BertLayer)
+            if not (bind(model.encoder.layer, str(index), cls_("Layer"))
                     and bind(layer, "attention")
                     and bind(layer.attention, "self")
                     and all(bind(layer.attention.self, n) for n in ("query", "key", "value"))
-                    and bind(layer.attention, "output", hf.BertSelfOutput)
+                    and bind(layer.attention, "output", cls_("SelfOutput"))
                     and bind(layer, "intermediate") and bind(layer.intermediate, "dense")
-                    and bind(layer, "output", hf.BertOutput)
+                    and bind(layer, "output", cls_("Output"))
                     and all(bind(m, "dense") and bind(m, "LayerNorm")
                             for m in (layer.attention.output, layer.output))):
                 return None
@@ -111,7 +141,7 @@ class PlainBert:
                            layer.attention.self.value]
             if layer.attention.self.is_causal or len({m.bias is None for m in projections}) > 1:
                 return None
-        return cls(model, bindings)
+        return cls(model, bindings, offset)
 
     def usable(self) -> bool:
         """The model is still as built: eval mode, every module the one bound."""
@@ -138,8 +168,9 @@ class PlainBert:
         gives at its real tokens (torch's attention, masked keys at the dtype's lowest
         value)."""
         rows, width = input_ids.shape
+        first = self.position_offset
         x = self._embed(input_ids, token_type_ids,
-                        self.model.embeddings.position_embeddings.weight[:width])
+                        self.model.embeddings.position_embeddings.weight[first:first + width])
         bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
 
         def padded(qkv: Tensor, attention: torch.nn.Module) -> Tensor:
