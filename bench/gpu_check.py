@@ -5,8 +5,9 @@ throughput, on a machine with an NVIDIA GPU and torch built for CUDA.
                               [--minilm DIR]     # PARTS: comma-separated, default all below
 
 - ``correctness``: `heron serve --device cuda` at fp32, fp16 and bf16 against
-  sentence-transformers on CPU in fp32 (and ST's own fp16 on CUDA, for scale), for MiniLM
-  and a random-init BERT-base checkpoint in ST's format.
+  sentence-transformers on CPU in fp32 (and ST's own fp16 on CUDA, for scale), for MiniLM,
+  a random-init BERT-base checkpoint in ST's format and a tiny random XLM-R (CUDA graphs
+  of the RoBERTa family's positions).
 - ``eviction``: three BERT-base models, the default 85% threshold; this process fills the
   GPU to just over it, and the worker must evict its least recently used idle model,
   then one model per new load; vectors identical after a reload.
@@ -125,6 +126,21 @@ def build_models():
         (path / "sentence_bert_config.json").write_text(
             json.dumps({"max_seq_length": 512, "do_lower_case": False}))
         made[name] = str(path)
+    # A tiny XLM-R (positions after the padding index): the RoBERTa-family encoder path.
+    from tests.support.tiny_models import build_sentencepiece_model
+    xlmr = build_sentencepiece_model(MODELS / "xlmr")
+    (xlmr / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize",
+         "type": "sentence_transformers.models.Normalize"}]))
+    (xlmr / "1_Pooling").mkdir(exist_ok=True)
+    (xlmr / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, "pooling_mode_mean_tokens": True}))
+    (xlmr / "sentence_bert_config.json").write_text(  # its 130 positions hold 128 tokens
+        json.dumps({"max_seq_length": 128, "do_lower_case": False}))
+    made["xlmr"] = str(xlmr)
     return made
 
 
@@ -194,7 +210,8 @@ def correctness():
     ts = texts(256)
     out = {}
     refs = {}
-    for m in CHECK_MODELS:
+    models = [*CHECK_MODELS, "xlmr"]
+    for m in models:
         st = SentenceTransformer(str(MODELS / m), device="cpu")
         refs[m] = torch.tensor(st.encode(ts, batch_size=64, normalize_embeddings=True),
                                dtype=torch.float64)
@@ -205,11 +222,11 @@ def correctness():
                 dtype=torch.float64), refs[m])
             del st16
             torch.cuda.empty_cache()
-    b = bundle("gpu-correct", CHECK_MODELS)
+    b = bundle("gpu-correct", models)
     for precision in (["fp32", "fp16", "bf16"] if DEVICE == "cuda" else ["fp32"]):
         with start_server(WORK / f"serve-{precision}.log", bundle=b, workers="1",
                           extra_args=("--device", DEVICE, "--precision", precision)) as srv:
-            for m in CHECK_MODELS:
+            for m in models:
                 got = heron_encode(srv.url, m, ts)
                 out[f"{m}/heron_{precision}_{DEVICE}_vs_st_fp32_cpu"] = compare(got, refs[m])
             import httpx
