@@ -7,7 +7,8 @@ transformers' ``BertModel.forward`` reaches each layer through several Python wr
 module call per projection and norm. The arithmetic is the same here, on the same weights, in
 the same order, with the query, key and value projections in one matmul. The answers are
 bit-identical to the model's own forward under bf16 autocast and within 1e-5 in fp32
-(tests/unit/test_packing.py); the parity suite compares both with sentence-transformers.
+(tests/unit/test_plain_bert.py, test_cuda_graphs.py); the parity suite compares both with
+sentence-transformers.
 
 Why, on packed batches: with ``--inference-threads`` the passes share one GIL, and a
 thread that holds it for Python keeps the others' finished matmuls waiting. On MiniLM (bf16
@@ -16,8 +17,8 @@ autocast, one torch thread a pass, batches of 8 mixed 8-128-token texts) two thr
 faster. On padded batches it is what a CUDA graph captures: no host synchronisation, and
 every weight read from the same tensor each pass.
 
-Used only while the model is exactly what transformers loaded: the BERT classes, in eval
-mode, no module replaced (a LoRA adapter wraps its layers; checked by identity each pass,
+Used only while the model is exactly what transformers loaded: its family's classes, in
+eval mode, no module replaced (a LoRA adapter wraps its layers; checked by identity each pass,
 about 80 attribute reads). Otherwise the adapter calls the model.
 """
 
@@ -60,17 +61,17 @@ def family(model: torch.nn.Module) -> tuple[Any, str, int] | None:
     ``model`` is exactly one of the BERT-shaped encoders: BERT, or RoBERTa and XLM-R, whose
     positions start after the padding index."""
     from transformers.models.bert import modeling_bert
-    from transformers.models.roberta import modeling_roberta
-    from transformers.models.xlm_roberta import modeling_xlm_roberta
     kind = type(model)
     if kind is modeling_bert.BertModel:
         return modeling_bert, "Bert", 0
-    offset = int(getattr(model.config, "pad_token_id", 1) or 0) + 1
+    from transformers.models.roberta import modeling_roberta
+    from transformers.models.xlm_roberta import modeling_xlm_roberta
+    if kind not in (modeling_roberta.RobertaModel, modeling_xlm_roberta.XLMRobertaModel):
+        return None
+    offset = int(model.embeddings.padding_idx) + 1
     if kind is modeling_roberta.RobertaModel:
         return modeling_roberta, "Roberta", offset
-    if kind is modeling_xlm_roberta.XLMRobertaModel:
-        return modeling_xlm_roberta, "XLMRoberta", offset
-    return None
+    return modeling_xlm_roberta, "XLMRoberta", offset
 
 
 class PlainBert:
