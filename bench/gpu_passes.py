@@ -71,6 +71,35 @@ def pass_stats(before: dict[str, float], after: dict[str, float]) -> dict[str, A
     return out
 
 
+def forward_ms(model: torch.nn.Module, shapes: list[tuple[int, int]], multiple: int = 1,
+               masked: Any = None, copy_out: bool = False, high: int = 2000) -> list[float]:
+    """Milliseconds of one forward pass each, on random ids below ``high`` of each ``(rows,
+    length)`` shape (width rounded up to ``multiple``); ``masked(mask, length)`` pads the
+    batch's rows; ``copy_out``: the states come back to the CPU in fp32, as an answer's do."""
+    times = []
+    for rows, length in shapes:
+        width = -(-length // multiple) * multiple
+        ids = torch.randint(1000, high, (rows, width), device="cuda")
+        mask = torch.ones(rows, width, dtype=torch.long, device="cuda")
+        if masked is not None:
+            masked(mask, length)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            states = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            if copy_out:
+                states.float().cpu()
+        torch.cuda.synchronize()
+        times.append(1000 * (time.perf_counter() - started))
+    return times
+
+
+def brief(times: list[float]) -> dict[str, float]:
+    s = sorted(times)
+    return {"median_ms": round(s[len(s) // 2], 2), "mean_ms": round(sum(s) / len(s), 2),
+            "max_ms": round(s[-1], 2), "first_ms": round(times[0], 2)}
+
+
 def shape_times(model_dir: str, n: int = 40, seed: int = 7) -> dict[str, Any]:
     """In this process: forward times (ms) of BERT in fp16 over sets of ``n`` random shapes
     a server at 32 clients forms (1-32 rows, 8-128 tokens), each set new to the process;
@@ -87,25 +116,12 @@ def shape_times(model_dir: str, n: int = 40, seed: int = 7) -> dict[str, Any]:
     def shapes() -> list[tuple[int, int]]:
         return [(rng.randint(1, 32), rng.randint(8, 128)) for _ in range(n)]
 
-    def timed(batch: list[tuple[int, int]], multiple: int = 1) -> list[float]:
-        times = []
-        for rows, length in batch:
-            width = -(-length // multiple) * multiple
-            ids = torch.randint(1000, 20000, (rows, width), device="cuda")
-            mask = torch.ones(rows, width, dtype=torch.long, device="cuda")
-            for r in range(rows):  # rows of mixed lengths, as a padded batch has
-                mask[r, max(1, length - rng.randint(0, length // 2)):] = 0
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            with torch.inference_mode():
-                model(input_ids=ids, attention_mask=mask).last_hidden_state.float().cpu()
-            times.append(1000 * (time.perf_counter() - t))
-        return times
+    def mixed(mask: torch.Tensor, length: int) -> None:
+        for r in range(mask.shape[0]):  # rows of mixed lengths, as a padded batch has
+            mask[r, max(1, length - rng.randint(0, length // 2)):] = 0
 
-    def brief(times: list[float]) -> dict[str, float]:
-        s = sorted(times)
-        return {"median_ms": round(s[len(s) // 2], 2), "mean_ms": round(sum(s) / len(s), 2),
-                "max_ms": round(s[-1], 2), "first_ms": round(times[0], 2)}
+    def timed(batch: list[tuple[int, int]], multiple: int = 1) -> list[float]:
+        return forward_ms(model, batch, multiple, mixed, copy_out=True, high=20000)
 
     out["very_first_ms"] = round(timed([(1, 8)])[0], 1)
     sets = [shapes() for _ in range(3)]
@@ -176,25 +192,11 @@ def raw_shapes():
                            "mem_efficient": b.mem_efficient_sdp_enabled(),
                            "math": b.math_sdp_enabled()}}
 
-    def timed(shapes, mult=1):
-        times = []
-        for bs, length in shapes:
-            width = -(-length // mult) * mult
-            ids = torch.randint(1000, 2000, (bs, width), device="cuda")
-            mask = torch.ones(bs, width, dtype=torch.long, device="cuda")
-            mask[0, max(1, length // 2):] = 0  # a padded batch's mask
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            with torch.inference_mode():
-                mdl(input_ids=ids, attention_mask=mask)
-            torch.cuda.synchronize()
-            times.append(1000 * (time.perf_counter() - t))
-        return times
+    def first_row_half(mask: torch.Tensor, length: int) -> None:
+        mask[0, max(1, length // 2):] = 0  # a padded batch's mask
 
-    def brief(ts):
-        ts = sorted(ts)
-        return {"median_ms": round(ts[len(ts) // 2], 2), "mean_ms": round(sum(ts) / len(ts), 2),
-                "max_ms": round(ts[-1], 2)}
+    def timed(shapes: list[tuple[int, int]], mult: int = 1) -> list[float]:
+        return forward_ms(mdl, shapes, mult, first_row_half)
     timed([(8, 16)] * 3)
     for n, (name, cudnn, mult) in enumerate([("cudnn_on", True, 1), ("cudnn_off", False, 1),
                                              ("cudnn_on_pad32", True, 32),

@@ -22,9 +22,8 @@ from heron.worker.adapters.cuda_graphs import (
 from heron.worker.adapters.dense import DenseAdapter
 from heron.worker.adapters.plain_bert import PlainBert
 from tests.support.tiny_models import build_sentencepiece_model, minilm_dir
+from tests.unit.test_plain_bert import TEXTS
 
-TEXTS = ["a", "herons stand still in shallow water", "mid length text here",
-         " ".join(["long"] * 90), "two words", " ".join(["river"] * 30)]
 CUDA = torch.cuda.is_available()
 
 

@@ -16,10 +16,10 @@ of two, width to a multiple of WIDTH_STEP. The extra rows attend to their first 
 and the extra columns are masked; the real rows' states are those of the eager path on the
 same padded input, cut back to ``[rows, width]``. To bound the graphs' memory (each holds
 its bucket's activations in the model's pool), buckets over MAX_GRAPH_TOKENS run eagerly, as
-does any pass once MAX_GRAPHS are captured. A
-bucket's first pass captures it (two eager passes, then the capture). The graphs are
-dropped, and captured again, when a weight of the model is replaced. A capture that fails
-(an operation this torch build cannot capture) is logged, and the model runs eagerly.
+does any pass once MAX_GRAPHS are captured. A bucket's first pass captures it (two eager
+passes, then the capture). The graphs are dropped, and captured again, when a weight of the
+model is replaced. A capture that fails (an operation this torch build cannot capture) is
+logged, and the model runs eagerly.
 
 ``HERON_CUDA_GRAPHS=0`` turns them off.
 """
