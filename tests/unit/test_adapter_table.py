@@ -20,7 +20,8 @@ from tests.support.servers import REPO, loaded_after_import
 
 ADAPTER_DIR = REPO / "worker" / "adapters"
 # The package, the contract and its helpers
-NOT_FAMILIES = {"__init__", "base", "cuda_graphs", "plain_bert", "packing", "special_tokens"}
+NOT_FAMILIES = {"__init__", "base", "cuda_graphs", "plain_bert", "scripted_bert", "packing",
+                "special_tokens"}
 TASKS = {"encode", "score", "extract"}
 
 

@@ -5,6 +5,8 @@ longer as loaded."""
 from __future__ import annotations
 
 import contextlib
+import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import torch
 
 from heron.runtime.modelconfig import model_config_from_dir
 from heron.worker.adapters.dense import DenseAdapter
+from heron.worker.adapters.plain_bert import PlainBert
 from heron.worker.memory import module_bytes
 from tests.support.tiny_models import minilm_dir
 
@@ -106,3 +109,67 @@ def test_released_model_drops_the_path() -> None:
     adapter = load()
     adapter.release()
     assert adapter.plain_bert is None
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_scripted_layers_match_the_eager_loop_bit_for_bit(bf16: bool) -> None:
+    """Packed batches run the layers as one TorchScript call (adapters/scripted_bert.py),
+    on an inference thread as the worker runs them; the eager loop gives the same bits."""
+    adapter = load(bf16)
+    plain = adapter.plain_bert
+    assert plain is not None and plain.scripted is not None
+    scripted = plain.scripted
+    results: dict[str, np.ndarray] = {}
+
+    def on_a_thread(name: str) -> None:
+        def run() -> None:
+            results[name] = both(adapter, bf16)[0]
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+    on_a_thread("scripted")
+    plain.scripted = None
+    on_a_thread("eager")
+    plain.scripted = scripted
+    on_a_thread("scripted again")  # its plan was made once; the same answer
+    np.testing.assert_array_equal(results["scripted"], results["eager"])
+    np.testing.assert_array_equal(results["scripted again"], results["eager"])
+
+
+def test_scripted_layers_only_for_exact_gelu() -> None:
+    """Another activation (tanh-approximated GELU here) keeps the eager loop, which calls
+    the model's own activation module."""
+    from transformers.activations import ACT2FN
+
+    adapter = load()
+    for layer in adapter.model.encoder.layer:
+        layer.intermediate.intermediate_act_fn = ACT2FN["gelu_new"]
+    rebuilt = PlainBert.build(adapter.model)
+    assert rebuilt is not None and rebuilt.scripted is None
+    adapter.plain_bert = rebuilt
+    ours, own = both(adapter)
+    np.testing.assert_allclose(ours, own, atol=1e-5)
+
+
+def test_scripted_layers_on_two_threads_at_once_keep_each_batchs_answer() -> None:
+    """Two inference threads share the scripted function, as a worker's
+    ``--inference-threads 2`` do; each batch's states are what it gives alone."""
+    adapter = load(bf16=True)
+    batches = [adapter.collate(adapter.tokenize(texts)) for texts in (TEXTS, TEXTS[::-1][:4])]
+
+    def states(batch: Any) -> torch.Tensor:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return adapter.hidden_states(batch)
+    alone = [states(batch) for batch in batches]
+    wrong: list[int] = []
+
+    def run(index: int) -> None:
+        for _ in range(10):
+            if not torch.equal(states(batches[index]), alone[index]):
+                wrong.append(index)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from heron.worker.adapters.packing import Packing, attend
+from heron.worker.adapters.scripted_bert import run_without_gil, scripted_packed_layers
 
 Tensor = torch.Tensor
 # (parent, attribute, the module it held when the path was built)
@@ -87,6 +88,11 @@ class PlainBert:
         self.layers = list(model.encoder.layer)
         self.fused: list[FusedProjection | None] = [None] * len(self.layers)
         self._fusing = threading.Lock()
+        # Packed batches' layers in TorchScript, without the GIL (adapters/scripted_bert.py)
+        # where every layer's activation is exact GELU, as the scripted function's is.
+        self.scripted = scripted_packed_layers() if all(
+            exact_gelu(layer.intermediate.intermediate_act_fn) for layer in self.layers
+        ) else None
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> PlainBert | None:
@@ -155,6 +161,8 @@ class PlainBert:
         x = self._embed(input_ids[0], None if token_type_ids is None else token_type_ids[0],
                         F.embedding(position_ids[0], self.model.embeddings.position_embeddings
                                     .weight))
+        if self.scripted is not None:
+            return self._scripted_layers(x, packing).unsqueeze(0)
         total = x.shape[0]
 
         def packed(qkv: Tensor, attention: torch.nn.Module) -> Tensor:
@@ -191,6 +199,28 @@ class PlainBert:
         else:
             x = x + emb.token_type_embeddings.weight[0]
         return layer_norm(x + positions, emb.LayerNorm)
+
+    def _scripted_layers(self, x: Tensor, packing: Packing) -> Tensor:
+        """``_encode`` with ``attend`` over ``packing``, as one TorchScript call. The weights
+        are read from the modules each pass, as the eager loop reads them."""
+        weights: list[Tensor] = []
+        biases: list[Tensor | None] = []
+        eps: list[float] = []
+        for i, layer in enumerate(self.layers):
+            fused = self._projection(i)
+            attn_out, inner, out = layer.attention.output, layer.intermediate, layer.output
+            weights += (fused.weight, attn_out.dense.weight, attn_out.LayerNorm.weight,
+                        inner.dense.weight, out.dense.weight, out.LayerNorm.weight)
+            biases += (fused.bias, attn_out.dense.bias, attn_out.LayerNorm.bias,
+                       inner.dense.bias, out.dense.bias, out.LayerNorm.bias)
+            eps += (attn_out.LayerNorm.eps, out.LayerNorm.eps)
+        attention = self.layers[0].attention.self
+        groups = packing.attention
+        return run_without_gil(
+            self.scripted, x, weights, biases, eps, attention.num_attention_heads,
+            attention.attention_head_size, attention.scaling, [g.gather for g in groups],
+            [g.mask for g in groups], [g.valid for g in groups], [g.rows for g in groups],
+            [g.items for g in groups], [g.length for g in groups])
 
     def _encode(self, x: Tensor, attend_fn: Callable[[Tensor, torch.nn.Module], Tensor]
                 ) -> Tensor:
@@ -239,6 +269,12 @@ def fuse(attention: torch.nn.Module) -> FusedProjection:
                 m.bias = torch.nn.Parameter(bias[rows: rows + n], requires_grad=False)
             rows += n
     return FusedProjection(source=projection_source(attention), weight=weight, bias=bias)
+
+
+def exact_gelu(act: Any) -> bool:
+    """Whether ``act`` is transformers' GELU on torch's exact (erf) kernel."""
+    from transformers.activations import GELUActivation
+    return type(act) is GELUActivation and act.act is F.gelu
 
 
 def layer_norm(x: Tensor, norm: torch.nn.Module) -> Tensor:
