@@ -117,14 +117,17 @@ class LocalCluster:
                      "--cluster", f"nats://127.0.0.1:{node.route_port}", "--routes", peers]
         return ChildSpec(node.name, argv, node.port, env=self.nats_env())
 
-    def worker_env(self) -> dict[str, str]:
-        """A worker's environment: its share of the cores (UpOptions.worker_threads) and
-        the forward passes it runs at once (UpOptions.worker_inference_threads)."""
+    def worker_env(self, pool: str) -> dict[str, str]:
+        """A worker's environment: its share of the cores (UpOptions.worker_threads), the
+        forward passes it runs at once (UpOptions.worker_inference_threads) and, in the
+        static pool, what it fetches during them (UpOptions.worker_fetch_lookahead_busy)."""
         env = dict(self.env)
         if self.o.worker_threads:
             env["HERON_THREADS"] = str(self.o.worker_threads)
         if self.o.worker_inference_threads:
             env["HERON_INFERENCE_THREADS"] = str(self.o.worker_inference_threads)
+        if pool == self.o.pool and self.o.worker_fetch_lookahead_busy is not None:
+            env["HERON_FETCH_LOOKAHEAD_BUSY"] = str(self.o.worker_fetch_lookahead_busy)
         return env
 
     def nats_env(self) -> dict[str, str]:
@@ -232,7 +235,7 @@ class LocalCluster:
             sys.executable, "-m", "heron.cli", "worker", "--nats", self.nats_url, "--pool",
             pool, "--bundle", bundle, "--port", str(port), "--worker-id", worker_id,
             "--config", self.config_url, "--log-level", self.o.log_level], self.logs,
-            self.worker_env())
+            self.worker_env(pool))
         child.pool = pool
         self.workers[worker_id] = child
         kind = "" if pool == self.o.pool else f" for leased pool {pool}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from heron.cli import up
@@ -67,3 +69,36 @@ def test_the_flag_defaults_to_heron_workers_then_auto(monkeypatch: pytest.Monkey
     assert build_parser().parse_args(["up"]).workers == "auto"
     monkeypatch.setenv("HERON_WORKERS", "2")
     assert build_parser().parse_args(["up"]).workers == "2"
+
+
+def test_the_sole_worker_of_several_passes_fetches_during_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """heron up's one worker of its static pool, on its own NATS, holds the lookahead while
+    its passes run (no other worker to leave the items to); a pool of several workers, a
+    NATS shared with others, one pass, or the operator's own setting keep the worker's
+    default (nothing set)."""
+    monkeypatch.delenv("HERON_FETCH_LOOKAHEAD_BUSY", raising=False)
+    monkeypatch.delenv("HERON_FETCH_LOOKAHEAD", raising=False)
+    assert up.sole_worker_lookahead_busy(2, 1, 4, None) == 16
+    assert up.sole_worker_lookahead_busy(2, 0, 4, None) == 16  # scaled from zero: one
+    assert up.sole_worker_lookahead_busy(2, 2, 4, None) is None
+    assert up.sole_worker_lookahead_busy(2, 1, 4, "nats://10.0.0.5:4222") is None
+    assert up.sole_worker_lookahead_busy(1, 1, 4, None) is None
+    monkeypatch.setenv("HERON_FETCH_LOOKAHEAD", "8")
+    assert up.sole_worker_lookahead_busy(2, 1, 4, None) == 8
+    monkeypatch.setenv("HERON_FETCH_LOOKAHEAD_BUSY", "0")
+    assert up.sole_worker_lookahead_busy(2, 1, 4, None) is None
+
+
+def test_only_the_static_pools_workers_get_heron_ups_fetching_choice(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from heron.cli.local_cluster import LocalCluster
+
+    monkeypatch.delenv("HERON_FETCH_LOOKAHEAD_BUSY", raising=False)
+    cluster = LocalCluster(up.UpOptions(pool="default", data_dir=tmp_path,
+                                        worker_fetch_lookahead_busy=16), [])
+    assert cluster.worker_env("default")["HERON_FETCH_LOOKAHEAD_BUSY"] == "16"
+    # A leased pool may hold several workers (POST /v1/pools): theirs stays the default.
+    assert "HERON_FETCH_LOOKAHEAD_BUSY" not in cluster.worker_env("leased")
+    plain = LocalCluster(up.UpOptions(pool="default", data_dir=tmp_path), [])
+    assert "HERON_FETCH_LOOKAHEAD_BUSY" not in plain.worker_env("default")
