@@ -9,8 +9,9 @@ batch takes (64 items): with 64 connections every queued item fits the next batc
 priority has nothing to reorder (p0 and p1 measured alike). wrk is a C load generator: an
 asyncio Python client took most of the CPU it shared with the server and never saturated
 it. Target: priority 0's p99 under a third of priority 1's. ``--cluster``: the same load
-through ``heron up`` (one gateway, the workers ``heron serve`` would run as processes), where
-small requests are coalesced into shared work items (only requests of one priority share).
+through ``heron up`` in its default layout (one gateway; one worker running as many passes
+at once as ``heron serve`` runs processes, bench.coalesce_bench.layouts), where small
+requests are coalesced into shared work items (only requests of one priority share).
 
 Prints one JSON document and writes DIR/priority_bench.json (DIR: bench/results/).
 """
@@ -27,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster_bench import local_cluster
+from bench.coalesce_bench import layouts
 from bench.load import WrkResult, run_wrk
 from bench.server import REPO, start_server
 from bench.texts import build_workload
-from heron.cli.main import serve_processes, threads_per_process
+from heron.cli.main import serve_processes
 
 
 def write_priority_bodies(texts: list[str], priority: int, path: Path) -> None:
@@ -71,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     texts = build_workload(1024).texts
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         if args.cluster:
-            workers = serve_processes(args.workers, "cpu")
             gateway, _ = stack.enter_context(local_cluster(
-                "default", Path(tmp) / "up", workers, threads_per_process(workers)))
+                "default", Path(tmp) / "up",
+                **layouts(serve_processes(args.workers, "cpu"))["up"]))
             url = f"{gateway}/v1/encode/minilm"
         else:
             server = stack.enter_context(start_server(args.out / "priority_bench_serve.log",
