@@ -173,3 +173,13 @@ def test_scripted_layers_on_two_threads_at_once_keep_each_batchs_answer() -> Non
     for thread in threads:
         thread.join()
     assert wrong == []
+
+
+def test_an_activation_replaced_after_loading_takes_the_eager_loop() -> None:
+    adapter = load()
+    before, _ = both(adapter)
+    layer = adapter.model.encoder.layer[3].intermediate
+    layer.intermediate_act_fn = torch.nn.ReLU()
+    ours, own = both(adapter)
+    np.testing.assert_allclose(ours, own, atol=1e-5)  # the ReLU, as the model computes it
+    assert np.abs(ours - before).max() > 0.01

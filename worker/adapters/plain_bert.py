@@ -89,10 +89,11 @@ class PlainBert:
         self.fused: list[FusedProjection | None] = [None] * len(self.layers)
         self._fusing = threading.Lock()
         # Packed batches' layers in TorchScript, without the GIL (adapters/scripted_bert.py)
-        # where every layer's activation is exact GELU, as the scripted function's is.
+        # where every layer's activation is exact GELU, as the scripted function's is, and
+        # while each is still the one seen here (checked by identity each pass).
+        self.activations = [layer.intermediate.intermediate_act_fn for layer in self.layers]
         self.scripted = scripted_packed_layers() if all(
-            exact_gelu(layer.intermediate.intermediate_act_fn) for layer in self.layers
-        ) else None
+            exact_gelu(act) for act in self.activations) else None
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> PlainBert | None:
@@ -161,7 +162,9 @@ class PlainBert:
         x = self._embed(input_ids[0], None if token_type_ids is None else token_type_ids[0],
                         F.embedding(position_ids[0], self.model.embeddings.position_embeddings
                                     .weight))
-        if self.scripted is not None:
+        if self.scripted is not None and all(
+                layer.intermediate.intermediate_act_fn is act
+                for layer, act in zip(self.layers, self.activations, strict=True)):
             return self._scripted_layers(x, packing).unsqueeze(0)
         total = x.shape[0]
 
