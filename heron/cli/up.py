@@ -304,17 +304,17 @@ def run_up(args: argparse.Namespace) -> int:
     if bundles_dir is not None:  # the children inherit it
         os.environ["HERON_BUNDLES_DIR"] = str(bundles_dir)
     workers = workers_to_start(args.workers)
-    passes = worker_inference_threads(args.workers)
+    passes = worker_passes(args.workers)
     min_workers = workers if args.min_workers is None else args.min_workers
     options = UpOptions(
         host=args.host, port=args.port, nats_port=args.nats_port, nats_nodes=args.nats_nodes,
         nats=args.nats, data_dir=Path(args.data_dir), bundle=bundle,
         pool=args.pool or bundle, workers=workers,
         min_workers=min_workers,
-        worker_threads=worker_threads(workers, worker_passes(args.workers)),
-        worker_inference_threads=passes,
+        worker_threads=worker_threads(workers, passes),
+        worker_inference_threads=worker_inference_threads(args.workers),
         worker_fetch_lookahead_busy=sole_worker_lookahead_busy(
-            worker_passes(args.workers), min_workers, args.max_workers, args.nats),
+            passes, min_workers, args.max_workers, args.nats),
         max_workers=args.max_workers, idle_cooldown_s=args.idle_cooldown,
         log_level=args.child_log_level, config_port=args.config_port or free_port(),
         start_timeout_s=args.start_timeout)

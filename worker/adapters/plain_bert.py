@@ -14,8 +14,11 @@ Why, on packed batches: with ``--inference-threads`` the passes share one GIL, a
 thread that holds it for Python keeps the others' finished matmuls waiting. On MiniLM (bf16
 autocast, one torch thread a pass, batches of 8 mixed 8-128-token texts) two threads ran
 83-87 passes/s through the model's forward and 94-96 through this path; one thread ran 4-10%
-faster. On padded batches it is what a CUDA graph captures: no host synchronisation, and
-every weight read from the same tensor each pass.
+faster. Where the activation is exact GELU, the packed layers go one step further: one
+TorchScript call that does not hold the GIL at all (adapters/scripted_bert.py; the eager
+loop below stays for other activations and for padded batches). On padded batches it is
+what a CUDA graph captures: no host synchronisation, and every weight read from the same
+tensor each pass.
 
 Used only while the model is exactly what transformers loaded: its family's classes, in
 eval mode, no module replaced (a LoRA adapter wraps its layers; checked by identity each pass,

@@ -5,7 +5,7 @@ Why: a CPU worker with ``--inference-threads 2`` (``heron up``'s default on 2 co
 passes and its event loop in one process, under one GIL. Each of the ~200 torch calls of an
 eager pass gives the GIL up for its kernel and takes it back after; when the other pass or
 the event loop holds it then, the thread sleeps until it is handed over. Measured (MiniLM,
-32 clients through ``heron up``, /proc schedstat): each inference thread slept 610-655
+32 clients through ``heron up``, /proc schedstat): each inference thread slept 584-663
 times a second, against 50-58 in ``heron serve``'s one-pass processes. TorchScript's
 interpreter runs the whole function with the GIL released. Two threads of MiniLM passes
 (batches of 11 mixed 8-110-word texts, bf16 autocast) beside a thread that runs Python 15%
